@@ -1,0 +1,121 @@
+"""The `aieng` command line. Every `--json` output is one JSON document on stdout."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import sys
+from typing import Any, Callable
+
+from aieng_core.config import ConfigError, load_config
+from aieng_core.home import resolve_home
+from aieng_core.store import ArtifactIntegrityError, ArtifactNotFound, ArtifactStore
+
+# Errors a user can act on: printed as one line, never as a traceback.
+USER_ERRORS = (ConfigError, ArtifactNotFound, ArtifactIntegrityError, FileNotFoundError, FileExistsError, ValueError)
+
+
+def _emit(value: Any, as_json: bool, human: Callable[[Any], str]) -> None:
+    if as_json:
+        json.dump(value, sys.stdout, indent=2, sort_keys=True, ensure_ascii=False)
+        sys.stdout.write("\n")
+    else:
+        print(human(value))
+
+
+def cmd_demo_data(args: argparse.Namespace) -> int:
+    from aieng_core.data.demo_data import land_demo_data
+
+    home = resolve_home(args.home)
+    start = args.start or load_config(args.config).data.start_date
+    written = land_demo_data(home, start_date=start, days=args.days, overwrite=args.overwrite)
+    days = sorted({path.parent.name for path in written})
+    result = {"home": str(home), "partitions": days, "files": [str(path) for path in written]}
+    _emit(
+        result,
+        args.json,
+        lambda r: "\n".join(
+            [f"landed {len(r['files'])} files for {len(r['partitions'])} days under {home / 'raw'}:"]
+            + [f"  {path}" for path in r["files"]]
+            + [f"partitions: {r['partitions'][0]}...{r['partitions'][-1]}"]
+        ),
+    )
+    return 0
+
+
+def cmd_data_report(args: argparse.Namespace) -> int:
+    from aieng_core.data.report import format_report, partition_report
+
+    report = partition_report(ArtifactStore(resolve_home(args.home)), args.partition)
+    _emit(report, args.json, format_report)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from aieng_core.bench.data_bench import format_results, run_data_bench
+
+    if args.suite != "data":
+        raise ValueError(f"benchmark suite {args.suite!r} is not available yet; choose 'data'")
+    results = run_data_bench(size_mb=args.size_mb, large_mb=args.large_mb, out=args.out)
+    _emit(results, args.json, format_results)
+    return 0
+
+
+def _date(value: str) -> dt.date:
+    try:
+        return dt.date.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a date in YYYY-MM-DD form") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="aieng", description="aieng: raw text to a deployed LLM, with lineage.")
+    parser.add_argument("--home", help="state directory (default: $AIENG_HOME or ./.aieng)")
+    parser.add_argument("--config", help="YAML config (default: $AIENG_CONFIG or configs/pipeline.yaml)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = commands.add_parser("demo-data", help="land a few days of sample raw data (real text, a few dirty rows)")
+    demo.add_argument("--start", type=_date, help="first day (default: data.start_date of the config)")
+    demo.add_argument("--days", type=int, default=3, help="number of days to land (default 3)")
+    demo.add_argument("--overwrite", action="store_true", help="replace demo files already landed")
+    demo.add_argument("--json", action="store_true")
+    demo.set_defaults(handler=cmd_demo_data)
+
+    data = commands.add_parser("data", help="data quality")
+    data_commands = data.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
+    report = data_commands.add_parser("report", help="rows in, clean and quarantined (by reason) for one partition")
+    report.add_argument("--partition", required=True, help="daily partition, YYYY-MM-DD")
+    report.add_argument("--json", action="store_true")
+    report.set_defaults(handler=cmd_data_report)
+
+    bench = commands.add_parser("bench", help="side-by-side benchmarks against peers, as JSON")
+    bench.add_argument("suite", nargs="?", default="data", choices=["data", "serving"])
+    bench.add_argument("--size-mb", type=float, default=20.0, help="size of the synthetic partition (default 20)")
+    bench.add_argument("--large-mb", type=float, default=200.0, help="size of the large partition for the memory run (default 200)")
+    bench.add_argument("--out", help="also write the JSON results to this file")
+    bench.add_argument("--json", action="store_true")
+    bench.set_defaults(handler=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s", stream=sys.stderr)
+    if getattr(args, "days", 1) is not None and getattr(args, "days", 1) < 1:
+        parser.error("--days must be at least 1")
+    try:
+        return args.handler(args)
+    except USER_ERRORS as exc:
+        print(f"aieng: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("aieng: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""The YAML configuration, loaded into strict pydantic models.
+
+An unknown key, a wrong type or an out-of-range value stops with a ConfigError that names
+the key and the file, because a typo in a config silently falling back to a default is how
+a pipeline trains on the wrong thing for a week.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from aieng_core.hashing import sha256_json
+
+DEFAULT_CONFIG = "configs/pipeline.yaml"
+
+
+class ConfigError(ValueError):
+    """The configuration file is missing, unreadable or invalid."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class DataConfig(_Section):
+    start_date: dt.date = Field(default=dt.date(2026, 1, 1), strict=False)
+    min_chars: int = Field(default=20, ge=0)
+    max_chars: int = Field(default=200_000, ge=1)
+    batch_rows: int = Field(default=4096, ge=1, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _bounds_ordered(self) -> "DataConfig":
+        if self.min_chars > self.max_chars:
+            raise ValueError(f"min_chars ({self.min_chars}) must not exceed max_chars ({self.max_chars})")
+        return self
+
+
+class TokenizerConfig(_Section):
+    vocab_size: int = Field(default=4096, ge=300, le=1_000_000)
+    min_frequency: int = Field(default=2, ge=1)
+    eos_token: str = Field(default="<|endoftext|>", min_length=1)
+    pad_token: str = Field(default="<|pad|>", min_length=1)
+    max_training_chars: int = Field(default=50_000_000, ge=1)
+
+    @model_validator(mode="after")
+    def _distinct_specials(self) -> "TokenizerConfig":
+        if self.eos_token == self.pad_token:
+            raise ValueError("eos_token and pad_token must differ")
+        return self
+
+
+class DatasetConfig(_Section):
+    validation_fraction: float = Field(default=0.05, gt=0.0, lt=1.0, strict=False)
+    split_seed: str = "aieng-split-v1"
+
+
+class AiengConfig(_Section):
+    data: DataConfig = DataConfig()
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    dataset: DatasetConfig = DatasetConfig()
+
+    def section_sha256(self, name: str) -> str:
+        """Hash of one section: an artifact depends only on the section it reads."""
+        return sha256_json(getattr(self, name).model_dump(mode="json"))
+
+
+def resolve_config_path(path: str | os.PathLike | None = None) -> Path:
+    """The config file to read: the argument, else $AIENG_CONFIG, else configs/pipeline.yaml.
+
+    A relative default is looked up in the working directory first, then beside the package
+    (an editable checkout), so `dagster dev` and `aieng` agree wherever they are started.
+    """
+    chosen = path or os.environ.get("AIENG_CONFIG") or DEFAULT_CONFIG
+    candidate = Path(chosen).expanduser()
+    if not candidate.is_absolute() and not candidate.exists() and not (path or os.environ.get("AIENG_CONFIG")):
+        beside_package = Path(__file__).resolve().parent.parent / chosen
+        if beside_package.exists():
+            candidate = beside_package
+    return candidate.resolve()
+
+
+def _format_error(error: dict) -> str:
+    key = ".".join(str(part) for part in error["loc"]) or "<top level>"
+    if error["type"] == "extra_forbidden":
+        return f"{key}: unknown key"
+    return f"{key}: {error['msg']} (got {error.get('input')!r})"
+
+
+def load_config(path: str | os.PathLike | None = None) -> AiengConfig:
+    config_path = resolve_config_path(path)
+    try:
+        raw = yaml.safe_load(config_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{config_path}: config file not found") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{config_path}: cannot read config: {exc}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{config_path}: top level must be a mapping of sections, got {type(raw).__name__}")
+    try:
+        return AiengConfig.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(_format_error(e) for e in exc.errors())
+        raise ConfigError(f"{config_path}: invalid config: {problems}") from None

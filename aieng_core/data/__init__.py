@@ -1,0 +1,1 @@
+"""The data half of the graph: landing, decoding, the data contract, cleaning, quarantine."""

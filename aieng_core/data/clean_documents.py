@@ -1,0 +1,188 @@
+"""clean_documents: the data contract, cleaning and quarantine for one day, streamed.
+
+Records flow through in batches of `data.batch_rows`: read -> validate (contract.py) ->
+clean (cleaning.py) -> length bounds -> de-duplication -> clean.parquet or
+quarantine.parquet. Memory stays bounded by the batch size plus the sets of ids and text
+digests seen so far. Every record read is written to exactly one of the two files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import Counter
+from itertools import islice
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import pyarrow as pa
+
+from aieng_core.config import AiengConfig, DataConfig
+from aieng_core.data import reasons
+from aieng_core.data.cleaning import clean_text
+from aieng_core.data.contract import validate_batch
+from aieng_core.data.raw_documents import KIND as RAW_KIND
+from aieng_core.data.raw_documents import snapshot_files
+from aieng_core.data.readers import RawRecord, read_records
+from aieng_core.data.tables import (
+    CLEAN_FILE,
+    CLEAN_SCHEMA,
+    QUARANTINE_FILE,
+    QUARANTINE_SCHEMA,
+    num_rows,
+    parquet_writer,
+)
+from aieng_core.hashing import RowHasher, sha256_json
+from aieng_core.progress import Progress
+from aieng_core.store import Artifact, ArtifactSpec, ArtifactStore, Produced, RunInfo
+
+KIND = "clean_documents"
+CODE_VERSION = "clean_documents-v1"
+
+log = logging.getLogger("aieng.data")
+
+
+def _batches(records: Iterable[RawRecord], size: int) -> Iterator[list[RawRecord]]:
+    iterator = iter(records)
+    while batch := list(islice(iterator, size)):
+        yield batch
+
+
+class PartitionCleaner:
+    """Turns batches of raw records into clean and quarantined rows for one partition.
+
+    Stateful only for de-duplication: ids and text digests of the clean rows so far.
+    """
+
+    def __init__(self, config: DataConfig) -> None:
+        self.config = config
+        self.seen_ids: set[str] = set()
+        self.seen_texts: set[bytes] = set()
+        self.counts: Counter[str] = Counter()
+        self.rows_in = 0
+        self.rows_clean = 0
+        self.chars_clean = 0
+
+    def process(self, batch: list[RawRecord]) -> tuple[dict[str, list], dict[str, list]]:
+        clean: dict[str, list] = {name: [] for name in CLEAN_SCHEMA.names}
+        quarantine: dict[str, list] = {name: [] for name in QUARANTINE_SCHEMA.names}
+
+        def reject(record: RawRecord, reason: str, detail: str) -> None:
+            self.counts[reason] += 1
+            quarantine["source_file"].append(record.source_file)
+            quarantine["line"].append(record.line)
+            quarantine["reason"].append(reason)
+            quarantine["detail"].append(detail)
+            quarantine["raw"].append(record.raw)
+
+        self.rows_in += len(batch)
+        results = iter(validate_batch([record.fields for record in batch if record.reason is None]))
+        for record in batch:
+            if record.reason is not None:
+                reject(record, record.reason, record.detail or "")
+                continue
+            result = next(results)
+            if isinstance(result, tuple):
+                reject(record, *result)
+                continue
+            text = clean_text(result["text"])
+            if not text:
+                reject(record, reasons.EMPTY_TEXT, "text is empty or whitespace-only after cleaning")
+                continue
+            length = len(text)
+            if length < self.config.min_chars:
+                reject(record, reasons.TOO_SHORT, f"{length} characters after cleaning, minimum is {self.config.min_chars}")
+                continue
+            if length > self.config.max_chars:
+                reject(record, reasons.TOO_LONG, f"{length} characters after cleaning, maximum is {self.config.max_chars}")
+                continue
+            doc_id = result["id"]
+            if doc_id in self.seen_ids:
+                reject(record, reasons.DUPLICATE_ID, f"id {doc_id!r} already has a clean row in this partition")
+                continue
+            digest = hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
+            if digest in self.seen_texts:
+                reject(record, reasons.DUPLICATE_TEXT, "exact duplicate of an earlier clean text in this partition")
+                continue
+            self.seen_ids.add(doc_id)
+            self.seen_texts.add(digest)
+            self.rows_clean += 1
+            self.chars_clean += length
+            clean["id"].append(doc_id)
+            clean["text"].append(text)
+            clean["source"].append(result.get("source"))
+            clean["lang"].append(result.get("lang"))
+            clean["created_at"].append(result.get("created_at"))
+            clean["source_file"].append(record.source_file)
+            clean["line"].append(record.line)
+        return clean, quarantine
+
+    def metrics(self) -> dict[str, Any]:
+        rows_quarantined = sum(self.counts.values())
+        return {
+            "rows_in": self.rows_in,
+            "rows_clean": self.rows_clean,
+            "rows_quarantined": rows_quarantined,
+            "reasons": {reason: self.counts.get(reason, 0) for reason in reasons.ALL_REASONS},
+            "chars_clean": self.chars_clean,
+        }
+
+
+def clean_partition(files: list[tuple[str, Path]], config: DataConfig, out_dir: Path, logger: Any = log, label: str = KIND) -> Produced:
+    """Stream `files` (name, path) through the cleaner into out_dir/{clean,quarantine}.parquet."""
+    cleaner = PartitionCleaner(config)
+    clean_hash, quarantine_hash = RowHasher(), RowHasher()
+    progress = Progress(logger, label)
+    records = (record for name, path in files for record in read_records(path, name, config.batch_rows))
+    with parquet_writer(out_dir / CLEAN_FILE, CLEAN_SCHEMA) as clean_out, parquet_writer(
+        out_dir / QUARANTINE_FILE, QUARANTINE_SCHEMA
+    ) as quarantine_out:
+        for batch in _batches(records, config.batch_rows):
+            clean, quarantine = cleaner.process(batch)
+            for row in zip(clean["id"], clean["text"], clean["source"], clean["lang"], clean["created_at"]):
+                clean_hash.row(*row)
+            for row in zip(quarantine["source_file"], quarantine["line"], quarantine["reason"], quarantine["raw"]):
+                quarantine_hash.row(row[0], str(row[1]), row[2], row[3])
+            if clean["id"]:
+                clean_out.write_batch(pa.RecordBatch.from_pydict(clean, schema=CLEAN_SCHEMA))
+            if quarantine["line"]:
+                quarantine_out.write_batch(pa.RecordBatch.from_pydict(quarantine, schema=QUARANTINE_SCHEMA))
+            progress.update(f"{cleaner.rows_in} rows read, {cleaner.rows_clean} clean")
+    metrics = cleaner.metrics()
+    progress.update(f"{metrics['rows_in']} rows: {metrics['rows_clean']} clean, {metrics['rows_quarantined']} quarantined", force=True)
+    return Produced(
+        content_sha256=sha256_json({"clean": clean_hash.hexdigest(), "quarantine": quarantine_hash.hexdigest()}),
+        metrics=metrics,
+    )
+
+
+def build_clean_documents(
+    store: ArtifactStore, config: AiengConfig, partition: str, run: RunInfo = RunInfo(), logger: Any = log
+) -> Artifact:
+    raw = store.require_current(RAW_KIND, partition)
+    spec = ArtifactSpec(
+        kind=KIND,
+        code_version=CODE_VERSION,
+        config_sha256=config.section_sha256("data"),
+        partition=partition,
+        inputs=((RAW_KIND, raw.id),),
+    )
+    return store.build(
+        spec, lambda staging: clean_partition(snapshot_files(raw), config.data, staging, logger, f"{KIND} {partition}"), run, logger
+    )
+
+
+def row_accounting(artifact: Artifact) -> dict[str, Any]:
+    """Counts the rows actually written and compares them with the rows read.
+
+    Reads the Parquet footers, not the manifest's own claims, so a lost row shows up.
+    """
+    rows_in = artifact.metrics["rows_in"]
+    rows_clean = num_rows(artifact.file(CLEAN_FILE))
+    rows_quarantined = num_rows(artifact.file(QUARANTINE_FILE))
+    return {
+        "passed": rows_in == rows_clean + rows_quarantined,
+        "rows_in": rows_in,
+        "rows_clean": rows_clean,
+        "rows_quarantined": rows_quarantined,
+    }

@@ -1,0 +1,54 @@
+"""Text cleaning, one pure function.
+
+Order matters and makes the function idempotent: control characters go first (so they can
+neither hide inside whitespace runs nor block NFC composition), then NFC, then whitespace.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+# Unicode category Cc (C0, DEL, C1) except \t and \n. \t is whitespace and becomes a space below.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# Whitespace other than "\n" and " " (str.isspace() is the definition regex \s uses too).
+# Python's regex engine scans character classes slowly, so the checks below use plain
+# substring and set tests and only rewrite the texts that need it.
+# tests/core/test_cleaning.py re-derives this set from str.isspace() over all code points.
+_OTHER_WHITESPACE = frozenset(
+    "\x09\x0b\x0c\x0d\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+_NEWLINE_RUN = re.compile(r"\n{3,}")
+
+
+def _collapse_line(line: str) -> str:
+    # str.split() splits on exactly the characters str.isspace() accepts, like regex \s.
+    words = line.split()
+    if not words:
+        return " " if line else ""
+    collapsed = " ".join(words)
+    if line[0].isspace():
+        collapsed = " " + collapsed
+    if line[-1].isspace():
+        collapsed += " "
+    return collapsed
+
+
+def collapse_whitespace(text: str) -> str:
+    """Collapse each run of whitespace other than newlines to a single space."""
+    needs_rewrite = "  " in text or "\t" in text or (not text.isascii() and not _OTHER_WHITESPACE.isdisjoint(text))
+    if not needs_rewrite:
+        return text
+    return "\n".join([_collapse_line(line) for line in text.split("\n")])
+
+
+def clean_text(text: str) -> str:
+    """Remove control characters except \\n and \\t, normalize to NFC, collapse runs of
+    other whitespace to one space (newlines untouched), collapse 3+ newlines to 2, strip."""
+    text = _CONTROL.sub("", text)
+    if not unicodedata.is_normalized("NFC", text):
+        text = unicodedata.normalize("NFC", text)
+    text = collapse_whitespace(text)
+    if "\n\n\n" in text:
+        text = _NEWLINE_RUN.sub("\n\n", text)
+    return text.strip()

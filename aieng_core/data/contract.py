@@ -1,0 +1,62 @@
+"""The data contract every raw record must meet, as a pydantic model.
+
+`id` is a non-blank string, `text` a string; `source`, `lang` and `created_at` are optional
+strings. Types are strict: a numeric id is `wrong_type`, not silently converted. Records are
+validated a batch at a time (one call into pydantic-core per batch rather than one model
+object per row), and each failing row is mapped to its quarantine reason.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from typing_extensions import NotRequired, TypedDict  # pydantic needs this TypedDict on Python < 3.12
+
+from pydantic import ConfigDict, StringConstraints, TypeAdapter, ValidationError, with_config
+
+from aieng_core.data import reasons
+
+OPTIONAL_FIELDS = ("source", "lang", "created_at")
+
+
+@with_config(ConfigDict(strict=True, extra="ignore"))
+class Document(TypedDict):
+    id: Annotated[str, StringConstraints(pattern=r"\S")]
+    text: str
+    source: NotRequired[str | None]
+    lang: NotRequired[str | None]
+    created_at: NotRequired[str | None]
+
+
+_BATCH = TypeAdapter(list[Document])
+
+
+def _reason(error: dict[str, Any]) -> tuple[str, str]:
+    field = ".".join(str(part) for part in error["loc"][1:]) or "record"
+    kind = error["type"]
+    if kind == "missing" or (error.get("input") is None and kind.endswith("_type")):
+        return reasons.MISSING_FIELD, f"{field} is missing"
+    if kind == "string_pattern_mismatch":
+        return reasons.MISSING_FIELD, f"{field} is blank"
+    return reasons.WRONG_TYPE, f"{field}: {error['msg']} (got {type(error.get('input')).__name__})"
+
+
+def validate_batch(records: list[dict[str, Any]]) -> list[dict[str, Any] | tuple[str, str]]:
+    """Validate records; each result is the validated document or (reason, detail).
+
+    Empty optional fields become None (in place), so CSV's empty cells and JSON's "" mean the same.
+    """
+    for record in records:
+        for name in OPTIONAL_FIELDS:
+            if record.get(name) == "":
+                record[name] = None
+    try:
+        return list(_BATCH.validate_python(records))
+    except ValidationError as exc:
+        failures: dict[int, tuple[str, str]] = {}
+        for error in exc.errors(include_url=False):
+            failures.setdefault(error["loc"][0], _reason(error))
+    # Validate the rest once more without the failing rows: pydantic reports errors, not values.
+    good = [record for index, record in enumerate(records) if index not in failures]
+    validated = iter(_BATCH.validate_python(good))
+    return [failures[index] if index in failures else next(validated) for index in range(len(records))]

@@ -1,0 +1,1 @@
+"""The dataset version: which tokenized partitions, with which tokenizer, split how."""

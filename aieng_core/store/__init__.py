@@ -1,0 +1,21 @@
+"""The artifact store: immutable, content-checked artifact directories under $AIENG_HOME."""
+
+from aieng_core.store.artifacts import (
+    Artifact,
+    ArtifactIntegrityError,
+    ArtifactNotFound,
+    ArtifactSpec,
+    ArtifactStore,
+    Produced,
+    RunInfo,
+)
+
+__all__ = [
+    "Artifact",
+    "ArtifactIntegrityError",
+    "ArtifactNotFound",
+    "ArtifactSpec",
+    "ArtifactStore",
+    "Produced",
+    "RunInfo",
+]

@@ -1,0 +1,1 @@
+"""The byte-level BPE tokenizer: training, saving in Hugging Face layout, loading."""

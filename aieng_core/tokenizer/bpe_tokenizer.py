@@ -1,0 +1,84 @@
+"""bpe_tokenizer: the artifact, trained on the clean text of every partition present.
+
+The tokenizer is pinned: once trained, it stays current while its config section and code
+version are unchanged, so a new day's partition neither forces a new tokenizer nor
+re-tokenizing old partitions (which would change every token id the model ever saw).
+It is retrained when the config or code version changes, or when asked (`retrain=True`);
+a retrain over unchanged inputs finds the identical artifact and reuses it.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Iterator
+
+from aieng_core.config import AiengConfig
+from aieng_core.data.clean_documents import KIND as CLEAN_KIND
+from aieng_core.data.tables import CLEAN_FILE, iter_batches
+from aieng_core.hashing import sha256_file, sha256_json
+from aieng_core.progress import Progress
+from aieng_core.store import Artifact, ArtifactNotFound, ArtifactSpec, ArtifactStore, Produced, RunInfo
+from aieng_core.tokenizer.bpe import TOKENIZER_FILES, capped, save_tokenizer_dir, train_bpe
+
+KIND = "bpe_tokenizer"
+CODE_VERSION = "bpe_tokenizer-v1"
+
+log = logging.getLogger("aieng.tokenizer")
+
+
+def clean_texts(artifacts: list[Artifact], batch_rows: int) -> Iterator[str]:
+    """Clean text of the given clean_documents artifacts, streamed in record batches."""
+    for artifact in artifacts:
+        for batch in iter_batches(artifact.file(CLEAN_FILE), columns=["text"], batch_rows=batch_rows):
+            yield from batch.column(0).to_pylist()
+
+
+def _pinned(store: ArtifactStore, config_sha256: str) -> Artifact | None:
+    current = store.current(KIND)
+    if current is None:
+        return None
+    if current.manifest.get("code_version") != CODE_VERSION or current.manifest.get("config_sha256") != config_sha256:
+        return None
+    if store.verify(current):
+        return None
+    return Artifact(current.kind, current.id, current.path, current.manifest, reused=True)
+
+
+def build_bpe_tokenizer(
+    store: ArtifactStore, config: AiengConfig, retrain: bool = False, run: RunInfo = RunInfo(), logger: Any = log
+) -> Artifact:
+    config_sha256 = config.section_sha256("tokenizer")
+    if not retrain and (pinned := _pinned(store, config_sha256)) is not None:
+        return pinned
+    partitions = store.current_partitions(CLEAN_KIND)
+    if not partitions:
+        raise ArtifactNotFound("bpe_tokenizer needs clean text: materialize clean_documents for at least one partition first")
+    cleaned = [store.require_current(CLEAN_KIND, partition) for partition in partitions]
+    spec = ArtifactSpec(
+        kind=KIND,
+        code_version=CODE_VERSION,
+        config_sha256=config_sha256,
+        inputs=tuple((CLEAN_KIND, artifact.id) for artifact in cleaned),
+    )
+    total_chars = sum(artifact.metrics["chars_clean"] for artifact in cleaned)
+    train_chars = min(total_chars, config.tokenizer.max_training_chars)
+
+    def produce(staging: Path) -> Produced:
+        progress = Progress(logger, KIND)
+        progress.update(f"training a {config.tokenizer.vocab_size}-token BPE on {train_chars:,} characters from {len(partitions)} partitions", force=True)
+        texts = capped(clean_texts(cleaned, config.data.batch_rows), config.tokenizer.max_training_chars)
+        tokenizer = train_bpe(texts, config.tokenizer)
+        save_tokenizer_dir(tokenizer, staging, config.tokenizer)
+        progress.update(f"trained, vocabulary {tokenizer.get_vocab_size()}", force=True)
+        return Produced(
+            content_sha256=sha256_json({name: sha256_file(staging / name) for name in TOKENIZER_FILES}),
+            metrics={
+                "vocab_size": tokenizer.get_vocab_size(),
+                "training_chars": train_chars,
+                "training_partitions": partitions,
+                "seconds": round(progress.elapsed, 3),
+            },
+        )
+
+    return store.build(spec, produce, run, logger)

@@ -1,0 +1,1 @@
+"""Assets, one module per domain."""

@@ -1,0 +1,71 @@
+"""raw_documents and clean_documents: landing snapshot, data contract, cleaning, quarantine."""
+
+import dagster as dg
+
+from aieng_core.data import clean_documents as clean
+from aieng_core.data import raw_documents as raw
+from aieng_core.data.reasons import ALL_REASONS
+from aieng_core.data.report import quarantine_samples
+from aieng_core.data.tables import CLEAN_FILE, head
+from aieng_core.store import Artifact
+from orchestration.metadata import materialize_partitions, run_info, table
+from orchestration.partitions import daily_partitions, single_run
+from orchestration.resources import AiengResource
+
+
+@dg.asset(
+    key=raw.KIND,
+    partitions_def=daily_partitions,
+    backfill_policy=single_run,
+    code_version=raw.CODE_VERSION,
+    group_name="data",
+    kinds={"jsonl", "csv", "parquet"},
+    description="Immutable snapshot of the files landed in $AIENG_HOME/raw/YYYY-MM-DD/, with their SHA-256.",
+)
+def raw_documents(context: dg.AssetExecutionContext, aieng: AiengResource) -> dg.MaterializeResult:
+    store, config = aieng.store(), aieng.settings()
+
+    def describe(artifact: Artifact) -> dict:
+        sources = artifact.manifest["sources"]
+        return {
+            "files": len(sources),
+            "bytes": artifact.metrics["bytes"],
+            "sources": table(sources, ["path", "size", "sha256"]),
+            "ignored_files": ", ".join(artifact.manifest.get("ignored_files", [])) or "none",
+        }
+
+    return materialize_partitions(
+        context, lambda p: raw.build_raw_documents(store, config, p, run_info(context), context.log), describe
+    )
+
+
+@dg.asset(
+    key=clean.KIND,
+    deps=[raw_documents],
+    partitions_def=daily_partitions,
+    backfill_policy=single_run,
+    code_version=clean.CODE_VERSION,
+    group_name="data",
+    kinds={"parquet"},
+    description=(
+        "Rows that meet the data contract, cleaned (control characters, NFC, whitespace), within length "
+        "bounds and de-duplicated; every other row is in quarantine.parquet with its reason."
+    ),
+)
+def clean_documents(context: dg.AssetExecutionContext, aieng: AiengResource) -> dg.MaterializeResult:
+    store, config = aieng.store(), aieng.settings()
+
+    def describe(artifact: Artifact) -> dict:
+        metrics = artifact.metrics
+        return {
+            "rows_in": metrics["rows_in"],
+            "rows_clean": metrics["rows_clean"],
+            "rows_quarantined": metrics["rows_quarantined"],
+            **{f"quarantined_{reason}": metrics["reasons"][reason] for reason in ALL_REASONS},
+            "clean_sample": table(head(artifact.file(CLEAN_FILE), 5), ["id", "text", "source_file", "line"]),
+            "quarantine_sample": table(quarantine_samples(artifact), ["reason", "detail", "source_file", "line", "raw"]),
+        }
+
+    return materialize_partitions(
+        context, lambda p: clean.build_clean_documents(store, config, p, run_info(context), context.log), describe
+    )

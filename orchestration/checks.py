@@ -1,0 +1,87 @@
+"""Asset checks. Blocking checks stop downstream steps of the same run; each check looks at
+every partition present, reading the artifacts themselves rather than trusting metadata."""
+
+import dagster as dg
+
+from aieng_core.data.clean_documents import KIND as CLEAN_KIND
+from aieng_core.data.clean_documents import row_accounting
+from aieng_core.data.tables import CLEAN_FILE, head
+from aieng_core.dataset.consistency import tokenized_consistency
+from aieng_core.tokenizer.bpe import load_tokenizer, round_trip_failures
+from orchestration.assets.data import clean_documents, raw_documents
+from orchestration.assets.dataset import dataset_manifest
+from orchestration.assets.tokenizer import bpe_tokenizer, tokenized_documents
+from orchestration.resources import AiengResource
+
+ROUND_TRIP_SAMPLE = 200
+
+
+def _verify_current(aieng: AiengResource, kind: str) -> dg.AssetCheckResult:
+    store = aieng.store()
+    partitions = store.current_partitions(kind) or [None]
+    problems = []
+    for partition in partitions:
+        artifact = store.current(kind, partition)
+        if artifact is None:
+            problems.append(f"{kind} has no current artifact")
+            continue
+        problems.extend(store.verify(artifact))
+    return dg.AssetCheckResult(
+        passed=not problems,
+        metadata={"artifacts_checked": len(partitions), "problems": dg.MetadataValue.json(problems)},
+    )
+
+
+@dg.asset_check(asset=raw_documents, blocking=True, description="Every snapshot file still matches its SHA-256.")
+def raw_snapshot_intact(aieng: AiengResource) -> dg.AssetCheckResult:
+    return _verify_current(aieng, raw_documents.key.to_user_string())
+
+
+@dg.asset_check(
+    asset=clean_documents,
+    blocking=True,
+    description="Nothing is dropped silently: rows_in == rows_clean + rows_quarantined, counted from the Parquet files.",
+)
+def rows_accounted_for(aieng: AiengResource) -> dg.AssetCheckResult:
+    store = aieng.store()
+    results = {p: row_accounting(store.require_current(CLEAN_KIND, p)) for p in store.current_partitions(CLEAN_KIND)}
+    failed = sorted(p for p, result in results.items() if not result["passed"])
+    return dg.AssetCheckResult(
+        passed=bool(results) and not failed,
+        description=f"row counts do not add up for {', '.join(failed)}" if failed else None,
+        metadata={"partitions_checked": len(results), "failed_partitions": ", ".join(failed) or "none", "counts": dg.MetadataValue.json(results)},
+    )
+
+
+@dg.asset_check(asset=bpe_tokenizer, blocking=True, description="Clean text encodes and decodes back to itself.")
+def tokenizer_round_trips(aieng: AiengResource) -> dg.AssetCheckResult:
+    store = aieng.store()
+    tokenizer = store.require_current(bpe_tokenizer.key.to_user_string())
+    partitions = store.current_partitions(CLEAN_KIND)
+    texts = [row["text"] for p in partitions for row in head(store.require_current(CLEAN_KIND, p).file(CLEAN_FILE), ROUND_TRIP_SAMPLE, ["text"])]
+    failures = round_trip_failures(load_tokenizer(tokenizer.path), texts)
+    return dg.AssetCheckResult(
+        passed=bool(texts) and not failures,
+        metadata={"texts_checked": len(texts), "failures": len(failures)},
+    )
+
+
+@dg.asset_check(
+    asset=tokenized_documents,
+    blocking=True,
+    description="One tokenized row per clean row, from the current clean artifact, with the current tokenizer.",
+)
+def tokenized_matches_clean(aieng: AiengResource) -> dg.AssetCheckResult:
+    result = tokenized_consistency(aieng.store())
+    return dg.AssetCheckResult(
+        passed=result["passed"],
+        metadata={"partitions_checked": len(result["partitions"]), "problems": dg.MetadataValue.json(result["problems"])},
+    )
+
+
+@dg.asset_check(asset=dataset_manifest, blocking=True, description="The manifest artifact matches its file hashes.")
+def dataset_manifest_intact(aieng: AiengResource) -> dg.AssetCheckResult:
+    return _verify_current(aieng, dataset_manifest.key.to_user_string())
+
+
+ALL_CHECKS = [raw_snapshot_intact, rows_accounted_for, tokenizer_round_trips, tokenized_matches_clean, dataset_manifest_intact]

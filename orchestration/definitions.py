@@ -1,0 +1,21 @@
+"""The code location: `dagster dev -w workspace.yaml` or `dagster ... -m orchestration.definitions`."""
+
+import dagster as dg
+
+from orchestration.assets.data import clean_documents, raw_documents
+from orchestration.assets.dataset import dataset_manifest
+from orchestration.assets.tokenizer import bpe_tokenizer, tokenized_documents
+from orchestration.checks import ALL_CHECKS
+from orchestration.resources import AiengResource
+from orchestration.schedules import daily_ingest_job, daily_ingest_schedule
+
+defs = dg.Definitions(
+    assets=[raw_documents, clean_documents, bpe_tokenizer, tokenized_documents, dataset_manifest],
+    asset_checks=ALL_CHECKS,
+    jobs=[daily_ingest_job],
+    schedules=[daily_ingest_schedule],
+    resources={"aieng": AiengResource()},
+    # One laptop: steps run in the run's own process (a subprocess per step costs ~4 s of
+    # imports each). A deployment that scales out swaps in a Celery or Kubernetes executor.
+    executor=dg.in_process_executor,
+)

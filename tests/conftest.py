@@ -1,0 +1,54 @@
+"""Shared fixtures: a temporary AIENG_HOME, the tiny config, landed demo data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from aieng_core.config import AiengConfig, load_config
+from aieng_core.data.demo_data import land_demo_data
+from aieng_core.store import ArtifactStore
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TINY_CONFIG = REPO_ROOT / "configs" / "tiny.yaml"
+DEMO_PARTITIONS = ["2026-01-01", "2026-01-02", "2026-01-03"]
+
+
+@pytest.fixture(autouse=True)
+def _isolated_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No test reads or writes the developer's ./.aieng or their AIENG_* variables."""
+    monkeypatch.setenv("AIENG_HOME", str(tmp_path / "aieng-home"))
+    monkeypatch.setenv("AIENG_CONFIG", str(TINY_CONFIG))
+
+
+@pytest.fixture
+def tiny_config() -> AiengConfig:
+    return load_config(TINY_CONFIG)
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    path = tmp_path / "aieng-home"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+@pytest.fixture
+def store(home: Path) -> ArtifactStore:
+    return ArtifactStore(home)
+
+
+@pytest.fixture
+def demo_home(home: Path) -> Path:
+    land_demo_data(home)
+    return home
+
+
+def land(home: Path, partition: str, name: str, data: bytes) -> Path:
+    """Land one raw file for a partition, as an upstream system would."""
+    folder = home / "raw" / partition
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_bytes(data)
+    return path
