@@ -10,7 +10,7 @@ import sys
 from typing import Any, Callable
 
 from aieng_core.config import ConfigError, load_config
-from aieng_core.home import resolve_home
+from aieng_core.home import raw_partition_dir, resolve_home
 from aieng_core.store import ArtifactIntegrityError, ArtifactNotFound, ArtifactStore
 
 # Errors a user can act on: printed as one line, never as a traceback.
@@ -30,6 +30,10 @@ def cmd_demo_data(args: argparse.Namespace) -> int:
 
     home = resolve_home(args.home)
     start = args.start or load_config(args.config).data.start_date
+    folders = [raw_partition_dir(home, (start + dt.timedelta(days=n)).isoformat()) for n in range(args.days)]
+    if args.if_missing and all(folder.is_dir() and any(folder.iterdir()) for folder in folders):
+        print(f"demo data already landed under {home / 'raw'}; leaving it as it is", file=sys.stderr)
+        return 0
     written = land_demo_data(home, start_date=start, days=args.days, overwrite=args.overwrite)
     days = sorted({path.parent.name for path in written})
     result = {"home": str(home), "partitions": days, "files": [str(path) for path in written]}
@@ -53,12 +57,19 @@ def cmd_data_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data_status(args: argparse.Namespace) -> int:
+    from aieng_core.status import format_status, pipeline_status
+
+    _emit(pipeline_status(ArtifactStore(resolve_home(args.home))), args.json, format_status)
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from aieng_core.bench.data_bench import format_results, run_data_bench
 
     if args.suite != "data":
         raise ValueError(f"benchmark suite {args.suite!r} is not available yet; choose 'data'")
-    results = run_data_bench(size_mb=args.size_mb, large_mb=args.large_mb, out=args.out)
+    results = run_data_bench(size_mb=args.size_mb, large_mb=args.large_mb, out=args.out, config=args.config)
     _emit(results, args.json, format_results)
     return 0
 
@@ -81,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--start", type=_date, help="first day (default: data.start_date of the config)")
     demo.add_argument("--days", type=int, default=3, help="number of days to land (default 3)")
     demo.add_argument("--overwrite", action="store_true", help="replace demo files already landed")
+    demo.add_argument("--if-missing", action="store_true", help="do nothing if every day already has landed files")
     demo.add_argument("--json", action="store_true")
     demo.set_defaults(handler=cmd_demo_data)
 
@@ -90,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--partition", required=True, help="daily partition, YYYY-MM-DD")
     report.add_argument("--json", action="store_true")
     report.set_defaults(handler=cmd_data_report)
+
+    status = data_commands.add_parser("status", help="the current artifact of every data asset and partition")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(handler=cmd_data_status)
 
     bench = commands.add_parser("bench", help="side-by-side benchmarks against peers, as JSON")
     bench.add_argument("suite", nargs="?", default="data", choices=["data", "serving"])

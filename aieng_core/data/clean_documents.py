@@ -32,7 +32,7 @@ from aieng_core.data.tables import (
     num_rows,
     parquet_writer,
 )
-from aieng_core.hashing import RowHasher, sha256_json
+from aieng_core.hashing import ColumnHasher, sha256_json
 from aieng_core.progress import Progress
 from aieng_core.store import Artifact, ArtifactSpec, ArtifactStore, Produced, RunInfo
 
@@ -131,7 +131,9 @@ class PartitionCleaner:
 def clean_partition(files: list[tuple[str, Path]], config: DataConfig, out_dir: Path, logger: Any = log, label: str = KIND) -> Produced:
     """Stream `files` (name, path) through the cleaner into out_dir/{clean,quarantine}.parquet."""
     cleaner = PartitionCleaner(config)
-    clean_hash, quarantine_hash = RowHasher(), RowHasher()
+    # Provenance columns stay out of the content hash: renaming a landed file changes no data.
+    clean_hash = ColumnHasher(["id", "text", "source", "lang", "created_at"])
+    quarantine_hash = ColumnHasher(["source_file", "line", "reason", "raw"])
     progress = Progress(logger, label)
     records = (record for name, path in files for record in read_records(path, name, config.batch_rows))
     with parquet_writer(out_dir / CLEAN_FILE, CLEAN_SCHEMA) as clean_out, parquet_writer(
@@ -139,14 +141,14 @@ def clean_partition(files: list[tuple[str, Path]], config: DataConfig, out_dir: 
     ) as quarantine_out:
         for batch in _batches(records, config.batch_rows):
             clean, quarantine = cleaner.process(batch)
-            for row in zip(clean["id"], clean["text"], clean["source"], clean["lang"], clean["created_at"]):
-                clean_hash.row(*row)
-            for row in zip(quarantine["source_file"], quarantine["line"], quarantine["reason"], quarantine["raw"]):
-                quarantine_hash.row(row[0], str(row[1]), row[2], row[3])
             if clean["id"]:
-                clean_out.write_batch(pa.RecordBatch.from_pydict(clean, schema=CLEAN_SCHEMA))
+                clean_batch = pa.RecordBatch.from_pydict(clean, schema=CLEAN_SCHEMA)
+                clean_hash.update(clean_batch)
+                clean_out.write_batch(clean_batch)
             if quarantine["line"]:
-                quarantine_out.write_batch(pa.RecordBatch.from_pydict(quarantine, schema=QUARANTINE_SCHEMA))
+                quarantine_batch = pa.RecordBatch.from_pydict(quarantine, schema=QUARANTINE_SCHEMA)
+                quarantine_hash.update(quarantine_batch)
+                quarantine_out.write_batch(quarantine_batch)
             progress.update(f"{cleaner.rows_in} rows read, {cleaner.rows_clean} clean")
     metrics = cleaner.metrics()
     progress.update(f"{metrics['rows_in']} rows: {metrics['rows_clean']} clean, {metrics['rows_quarantined']} quarantined", force=True)

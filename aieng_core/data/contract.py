@@ -41,15 +41,18 @@ def _reason(error: dict[str, Any]) -> tuple[str, str]:
     return reasons.WRONG_TYPE, f"{field}: {error['msg']} (got {type(error.get('input')).__name__})"
 
 
+def _without_empty_optionals(record: dict[str, Any]) -> dict[str, Any]:
+    if "" not in (record.get("source"), record.get("lang"), record.get("created_at")):
+        return record
+    return {key: (None if key in OPTIONAL_FIELDS and value == "" else value) for key, value in record.items()}
+
+
 def validate_batch(records: list[dict[str, Any]]) -> list[dict[str, Any] | tuple[str, str]]:
     """Validate records; each result is the validated document or (reason, detail).
 
-    Empty optional fields become None (in place), so CSV's empty cells and JSON's "" mean the same.
+    Empty optional fields count as absent, so CSV's empty cells and JSON's "" mean the same.
     """
-    for record in records:
-        for name in OPTIONAL_FIELDS:
-            if record.get(name) == "":
-                record[name] = None
+    records = [_without_empty_optionals(record) for record in records]
     try:
         return list(_BATCH.validate_python(records))
     except ValidationError as exc:

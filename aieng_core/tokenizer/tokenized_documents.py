@@ -16,7 +16,7 @@ import pyarrow as pa
 from aieng_core.config import AiengConfig
 from aieng_core.data.clean_documents import KIND as CLEAN_KIND
 from aieng_core.data.tables import CLEAN_FILE, TOKENS_FILE, TOKENS_SCHEMA, iter_batches, parquet_writer
-from aieng_core.hashing import RowHasher
+from aieng_core.hashing import ColumnHasher
 from aieng_core.progress import Progress
 from aieng_core.store import Artifact, ArtifactSpec, ArtifactStore, Produced, RunInfo
 from aieng_core.tokenizer.bpe import load_tokenizer, special_token_id
@@ -31,7 +31,7 @@ log = logging.getLogger("aieng.tokenizer")
 def tokenize_file(clean_path: Path, tokenizer_dir: Path, eos_token: str, out_path: Path, batch_rows: int, progress: Progress) -> Produced:
     tokenizer = load_tokenizer(tokenizer_dir)
     eos = np.array([special_token_id(tokenizer, eos_token)], dtype=np.int32)
-    hasher = RowHasher()
+    hasher = ColumnHasher(["id", "input_ids"])
     rows = tokens = 0
     with parquet_writer(out_path, TOKENS_SCHEMA) as writer:
         for batch in iter_batches(clean_path, columns=["id", "text"], batch_rows=batch_rows):
@@ -41,18 +41,16 @@ def tokenize_file(clean_path: Path, tokenizer_dir: Path, eos_token: str, out_pat
             lengths = np.array([len(a) for a in arrays], dtype=np.int64)
             flat = np.concatenate(arrays) if arrays else np.empty(0, dtype=np.int32)
             offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-            for doc_id, array in zip(ids, arrays):
-                hasher.row(doc_id, array.astype("<i4", copy=False).tobytes())
-            writer.write_batch(
-                pa.RecordBatch.from_arrays(
-                    [
-                        pa.array(ids, type=pa.string()),
-                        pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat)),
-                        pa.array(lengths.astype(np.int32)),
-                    ],
-                    schema=TOKENS_SCHEMA,
-                )
+            tokens_batch = pa.RecordBatch.from_arrays(
+                [
+                    pa.array(ids, type=pa.string()),
+                    pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat)),
+                    pa.array(lengths.astype(np.int32)),
+                ],
+                schema=TOKENS_SCHEMA,
             )
+            hasher.update(tokens_batch)
+            writer.write_batch(tokens_batch)
             rows += len(ids)
             tokens += int(lengths.sum())
             progress.update(f"{rows} documents, {tokens} tokens")

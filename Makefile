@@ -1,0 +1,50 @@
+# aieng: `make run` (demo end to end) and `make test` (the whole suite) do all set-up themselves.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+export AIENG_HOME ?= $(CURDIR)/.aieng
+export AIENG_CONFIG ?= configs/pipeline.yaml
+export DAGSTER_HOME ?= $(AIENG_HOME)/dagster
+
+DEMO_RANGE ?= 2026-01-01...2026-01-03
+PYTEST_ARGS ?=
+
+.PHONY: install run dev test bench clean-state
+
+# torch first, pinned to the CPU build on local disk: a bare `torch` pulls a multi-GB CUDA build.
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+$(DAGSTER_HOME)/dagster.yaml: configs/dagster.yaml
+	mkdir -p $(DAGSTER_HOME)
+	cp configs/dagster.yaml $@
+
+## run: set up, land demo data, materialize the whole data graph, show what it made
+run: install $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/aieng demo-data --if-missing
+	$(BIN)/dagster asset materialize -m orchestration.definitions --select '*' --partition-range $(DEMO_RANGE)
+	$(BIN)/aieng data status
+
+## dev: the Dagster UI on http://127.0.0.1:3000 (same AIENG_HOME and DAGSTER_HOME)
+dev: install $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+## test: set up and run the whole test suite
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## bench: side-by-side benchmarks, JSON results in bench-results/
+bench: install
+	$(BIN)/aieng bench data --out bench-results/data.json
+
+## clean-state: remove $(AIENG_HOME) (artifacts, landed data, Dagster runs)
+clean-state:
+	rm -rf $(AIENG_HOME)
