@@ -44,6 +44,7 @@ test: install
 ## bench: side-by-side benchmarks, JSON results in bench-results/
 bench: install
 	$(BIN)/aieng bench data --out bench-results/data.json
+	$(BIN)/aieng bench model --out bench-results/model.json
 
 ## clean-state: remove $(AIENG_HOME) (artifacts, landed data, Dagster runs)
 clean-state:

@@ -64,13 +64,45 @@ def cmd_data_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_model_train(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from aieng_core.training.model_checkpoint import build_model_checkpoint
+
+    config = load_config(args.config)
+    with tqdm(total=config.training.max_steps, desc="training", unit="step", file=sys.stderr, disable=args.no_progress) as bar:
+
+        def on_step(step: int, record: dict[str, Any]) -> None:
+            bar.update(step - bar.n)
+            if "train_loss" in record:
+                bar.set_postfix(loss=f"{record['train_loss']:.3f}", refresh=False)
+
+        artifact = build_model_checkpoint(ArtifactStore(resolve_home(args.home)), config, on_step=on_step)
+    result = {"id": artifact.id, "reused": artifact.reused, "path": str(artifact.path), "metrics": artifact.metrics}
+    _emit(
+        result,
+        args.json,
+        lambda r: (
+            f"model_checkpoint {r['id']} ({'reused' if r['reused'] else 'trained'})\n"
+            f"  validation loss {r['metrics']['validation_loss']:.4f} vs unigram baseline {r['metrics']['unigram_baseline_loss']:.4f} nats/token\n"
+            f"  {r['metrics']['parameters']:,} parameters, {r['metrics']['steps']} steps ({r['metrics']['stopped_by']}), "
+            f"{r['metrics']['tokens_per_second']:,.0f} tokens/s\n  {r['path']}"
+        ),
+    )
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.suite == "model":
+        from aieng_core.bench.model_bench import format_model_results, run_model_bench
+
+        _emit(run_model_bench(out=args.out, config=args.config), args.json, format_model_results)
+        return 0
+    if args.suite != "data":
+        raise ValueError(f"benchmark suite {args.suite!r} is not available yet; choose 'data' or 'model'")
     from aieng_core.bench.data_bench import format_results, run_data_bench
 
-    if args.suite != "data":
-        raise ValueError(f"benchmark suite {args.suite!r} is not available yet; choose 'data'")
-    results = run_data_bench(size_mb=args.size_mb, large_mb=args.large_mb, out=args.out, config=args.config)
-    _emit(results, args.json, format_results)
+    _emit(run_data_bench(size_mb=args.size_mb, large_mb=args.large_mb, out=args.out, config=args.config), args.json, format_results)
     return 0
 
 
@@ -107,8 +139,15 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true")
     status.set_defaults(handler=cmd_data_status)
 
+    model = commands.add_parser("model", help="the language model")
+    model_commands = model.add_subparsers(dest="model_command", required=True, metavar="SUBCOMMAND")
+    train = model_commands.add_parser("train", help="train model_checkpoint on the current dataset_manifest (or reuse it)")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    train.add_argument("--json", action="store_true")
+    train.set_defaults(handler=cmd_model_train)
+
     bench = commands.add_parser("bench", help="side-by-side benchmarks against peers, as JSON")
-    bench.add_argument("suite", nargs="?", default="data", choices=["data", "serving"])
+    bench.add_argument("suite", nargs="?", default="data", choices=["data", "model", "serving"])
     bench.add_argument("--size-mb", type=float, default=20.0, help="size of the synthetic partition (default 20)")
     bench.add_argument("--large-mb", type=float, default=200.0, help="size of the large partition for the memory run (default 200)")
     bench.add_argument("--out", help="also write the JSON results to this file")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -59,14 +60,71 @@ class DatasetConfig(_Section):
     split_seed: str = "aieng-split-v1"
 
 
+class ModelConfig(_Section):
+    """Shape of the Llama-architecture decoder; the vocabulary comes from the tokenizer."""
+
+    hidden_size: int = Field(default=256, ge=8)
+    intermediate_size: int = Field(default=688, ge=8)
+    num_hidden_layers: int = Field(default=4, ge=1)
+    num_attention_heads: int = Field(default=8, ge=1)
+    num_key_value_heads: int = Field(default=4, ge=1)
+    max_position_embeddings: int = Field(default=256, ge=8)
+    rope_theta: float = Field(default=10000.0, gt=0, strict=False)
+    rms_norm_eps: float = Field(default=1e-5, gt=0, strict=False)
+    tie_word_embeddings: bool = True
+
+    @model_validator(mode="after")
+    def _heads_fit(self) -> "ModelConfig":
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads ({self.num_attention_heads})")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be divisible by num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if (self.hidden_size // self.num_attention_heads) % 2:
+            raise ValueError("hidden_size / num_attention_heads must be even (rotary embeddings)")
+        return self
+
+
+class TrainingConfig(_Section):
+    block_size: int = Field(default=128, ge=2)
+    batch_size: int = Field(default=16, ge=1)
+    max_steps: int = Field(default=400, ge=1)
+    max_minutes: float = Field(default=9.0, gt=0, strict=False)
+    learning_rate: float = Field(default=2e-3, gt=0, strict=False)
+    min_learning_rate: float = Field(default=2e-4, ge=0, strict=False)
+    warmup_steps: int = Field(default=40, ge=0)
+    weight_decay: float = Field(default=0.1, ge=0, strict=False)
+    beta1: float = Field(default=0.9, gt=0, lt=1, strict=False)
+    beta2: float = Field(default=0.95, gt=0, lt=1, strict=False)
+    grad_clip: float = Field(default=1.0, gt=0, strict=False)
+    eval_every: int = Field(default=100, ge=1)
+    eval_batches: int = Field(default=8, ge=1)
+    log_every: int = Field(default=25, ge=1)
+    checkpoint_every: int = Field(default=100, ge=1)
+    seed: int = 1337
+    threads: int = Field(default=0, ge=0)  # 0: torch's default
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    @model_validator(mode="after")
+    def _schedule_fits(self) -> "TrainingConfig":
+        if self.min_learning_rate > self.learning_rate:
+            raise ValueError(f"min_learning_rate ({self.min_learning_rate}) must not exceed learning_rate ({self.learning_rate})")
+        return self
+
+
 class AiengConfig(_Section):
     data: DataConfig = DataConfig()
     tokenizer: TokenizerConfig = TokenizerConfig()
     dataset: DatasetConfig = DatasetConfig()
+    model: ModelConfig = ModelConfig()
+    training: TrainingConfig = TrainingConfig()
 
-    def section_sha256(self, name: str) -> str:
-        """Hash of one section: an artifact depends only on the section it reads."""
-        return sha256_json(getattr(self, name).model_dump(mode="json"))
+    def section_sha256(self, *names: str) -> str:
+        """Hash of the sections an artifact reads: it depends on nothing else in the file."""
+        if len(names) == 1:
+            return sha256_json(getattr(self, names[0]).model_dump(mode="json"))
+        return sha256_json({name: getattr(self, name).model_dump(mode="json") for name in names})
 
 
 def resolve_config_path(path: str | os.PathLike | None = None) -> Path:

@@ -7,9 +7,12 @@ from aieng_core.data.clean_documents import KIND as CLEAN_KIND
 from aieng_core.data.clean_documents import row_accounting
 from aieng_core.data.tables import CLEAN_FILE, head
 from aieng_core.dataset.consistency import tokenized_consistency
+from aieng_core.model.checkpoint import checkpoint_config, non_finite_tensors, stored_parameters
+from aieng_core.model.llama import expected_parameters
 from aieng_core.tokenizer.bpe import load_tokenizer, round_trip_failures
 from orchestration.assets.data import clean_documents, raw_documents
 from orchestration.assets.dataset import dataset_manifest
+from orchestration.assets.model import model_checkpoint
 from orchestration.assets.tokenizer import bpe_tokenizer, tokenized_documents
 from orchestration.resources import AiengResource
 
@@ -85,3 +88,29 @@ def dataset_manifest_intact(aieng: AiengResource) -> dg.AssetCheckResult:
 
 
 ALL_CHECKS = [raw_snapshot_intact, rows_accounted_for, tokenizer_round_trips, tokenized_matches_clean, dataset_manifest_intact]
+
+
+@dg.asset_check(asset=model_checkpoint, blocking=True, description="Every weight is finite: no NaN or inf.")
+def weights_finite(aieng: AiengResource) -> dg.AssetCheckResult:
+    artifact = aieng.store().require_current(model_checkpoint.key.to_user_string())
+    bad = non_finite_tensors(artifact)
+    return dg.AssetCheckResult(passed=not bad, metadata={"non_finite_tensors": ", ".join(bad) or "none"})
+
+
+@dg.asset_check(asset=model_checkpoint, blocking=True, description="Validation loss is below the unigram baseline.")
+def beats_unigram_baseline(aieng: AiengResource) -> dg.AssetCheckResult:
+    metrics = aieng.store().require_current(model_checkpoint.key.to_user_string()).metrics
+    return dg.AssetCheckResult(
+        passed=metrics["validation_loss"] < metrics["unigram_baseline_loss"],
+        metadata={"validation_loss": metrics["validation_loss"], "unigram_baseline_loss": metrics["unigram_baseline_loss"]},
+    )
+
+
+@dg.asset_check(asset=model_checkpoint, blocking=True, description="The weights hold exactly the parameters the config implies.")
+def parameter_count_matches_config(aieng: AiengResource) -> dg.AssetCheckResult:
+    artifact = aieng.store().require_current(model_checkpoint.key.to_user_string())
+    stored, expected = stored_parameters(artifact), expected_parameters(checkpoint_config(artifact))
+    return dg.AssetCheckResult(passed=stored == expected, metadata={"stored": stored, "expected_from_config": expected})
+
+
+ALL_CHECKS += [weights_finite, beats_unigram_baseline, parameter_count_matches_config]

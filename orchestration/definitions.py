@@ -4,13 +4,14 @@ import dagster as dg
 
 from orchestration.assets.data import clean_documents, raw_documents
 from orchestration.assets.dataset import dataset_manifest
+from orchestration.assets.model import model_checkpoint
 from orchestration.assets.tokenizer import bpe_tokenizer, tokenized_documents
 from orchestration.checks import ALL_CHECKS
 from orchestration.resources import AiengResource
 from orchestration.schedules import daily_ingest_job, daily_ingest_schedule
 
 defs = dg.Definitions(
-    assets=[raw_documents, clean_documents, bpe_tokenizer, tokenized_documents, dataset_manifest],
+    assets=[raw_documents, clean_documents, bpe_tokenizer, tokenized_documents, dataset_manifest, model_checkpoint],
     asset_checks=ALL_CHECKS,
     jobs=[daily_ingest_job],
     schedules=[daily_ingest_schedule],

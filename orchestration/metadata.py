@@ -11,7 +11,7 @@ PREVIEW_CHARS = 160
 
 
 def run_info(context: dg.AssetExecutionContext | dg.AssetCheckExecutionContext) -> RunInfo:
-    return RunInfo(dagster_run_id=context.run_id)
+    return RunInfo(dagster_run_id=context.run.run_id)
 
 
 def artifact_metadata(artifact: Artifact) -> dict[str, Any]:

@@ -5,12 +5,10 @@ import dagster as dg
 from orchestration.assets.data import clean_documents, raw_documents
 from orchestration.assets.dataset import dataset_manifest
 from orchestration.assets.tokenizer import bpe_tokenizer, tokenized_documents
-from orchestration.partitions import daily_partitions
 
 daily_ingest_job = dg.define_asset_job(
     "daily_ingest",
     selection=[raw_documents, clean_documents, bpe_tokenizer, tokenized_documents, dataset_manifest],
-    partitions_def=daily_partitions,
     description="Snapshot, clean and tokenize one day, then refresh the dataset manifest (the tokenizer stays pinned).",
 )
 

@@ -48,6 +48,18 @@ def _batches(records: Iterable[RawRecord], size: int) -> Iterator[list[RawRecord
         yield batch
 
 
+def _unencodable_field(document: dict[str, Any]) -> str | None:
+    """The first field that is not valid Unicode (a JSON escape such as "\\ud800" decodes to a
+    lone surrogate, which no UTF-8 writer accepts), or None."""
+    for name, value in document.items():
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return name
+    return None
+
+
 class PartitionCleaner:
     """Turns batches of raw records into clean and quarantined rows for one partition.
 
@@ -84,6 +96,9 @@ class PartitionCleaner:
             result = next(results)
             if isinstance(result, tuple):
                 reject(record, *result)
+                continue
+            if (unencodable := _unencodable_field(result)) is not None:
+                reject(record, reasons.UNDECODABLE, f"{unencodable} holds a lone surrogate, not valid Unicode")
                 continue
             text = clean_text(result["text"])
             if not text:

@@ -54,7 +54,7 @@ def _decodes_entirely(stream: BinaryIO, encoding: str) -> bool:
 
 
 def detect_stream_encoding(open_stream) -> str | None:
-    """The single encoding a whole file decodes with, or None.
+    """The single encoding a whole file decodes with, or None to decode it row by row.
 
     `open_stream()` returns a fresh binary stream positioned at the start; files are read
     in chunks, so this is a streaming pass and never holds the file in memory.
@@ -63,7 +63,26 @@ def detect_stream_encoding(open_stream) -> str | None:
         head = stream.read(4)
     candidates = [bom_encoding(head)] if bom_encoding(head) else list(FALLBACK_ENCODINGS)
     for encoding in candidates:
+        if encoding == "gb18030":
+            with open_stream() as stream:
+                if any(is_non_ascii_utf8(line) for line in stream):
+                    return None  # a mix of UTF-8 and GBK lines: decode row by row
         with open_stream() as stream:
             if _decodes_entirely(stream, encoding):
                 return encoding
     return None
+
+
+def is_non_ascii_utf8(data: bytes) -> bool:
+    """True for bytes that are valid UTF-8 beyond ASCII.
+
+    Most UTF-8 text is also valid GB18030 (as mojibake), so a file that fails UTF-8 as a
+    whole is only decoded as GB18030 as a whole when none of its parts is UTF-8 on its own.
+    """
+    if data.isascii():
+        return False
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True

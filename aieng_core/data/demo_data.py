@@ -25,11 +25,10 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import gzip
-import importlib
-import inspect
+import ast
+import importlib.util
 import io
 import json
-import warnings
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -117,26 +116,29 @@ class Doc(NamedTuple):
     source: str
 
 
-def _docstrings(module_name: str) -> list[tuple[str, str]]:
-    """(qualified name, docstring) of a module, its public classes, functions and methods."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        module = importlib.import_module(module_name)
-    found = [(module_name, inspect.getdoc(module))]
-    for name, obj in sorted(vars(module).items()):
-        if name.startswith("_") or not (inspect.isclass(obj) or inspect.isroutine(obj)):
+def _docstrings(module_name: str) -> list[tuple[str, str | None]]:
+    """(qualified name, docstring) of a module, its public classes, functions and methods.
+
+    Read from the module's source with `ast`, never from the imported module: attributes a
+    running process has patched (pytest replaces threading.excepthook, torch replaces
+    inspect.getfile) would otherwise make the corpus depend on who calls us. Modules
+    without Python source (C extensions) contribute nothing.
+    """
+    spec = importlib.util.find_spec(module_name)
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return []
+    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    found = [(module_name, ast.get_docstring(tree))]
+    definitions = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    for node in sorted((n for n in tree.body if isinstance(n, definitions)), key=lambda n: n.name):
+        if node.name.startswith("_"):
             continue
-        found.append((f"{module_name}.{name}", inspect.getdoc(obj)))
-        if inspect.isclass(obj):
-            for member in sorted(vars(obj)):
-                if member.startswith("_"):
-                    continue
-                try:
-                    value = getattr(obj, member)
-                except Exception:  # a descriptor that refuses class access
-                    continue
-                if inspect.isroutine(value) or isinstance(value, property):
-                    found.append((f"{module_name}.{name}.{member}", inspect.getdoc(value)))
+        found.append((f"{module_name}.{node.name}", ast.get_docstring(node)))
+        if isinstance(node, ast.ClassDef):
+            methods = (n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+            for method in sorted(methods, key=lambda n: n.name):
+                if not method.name.startswith("_"):
+                    found.append((f"{module_name}.{node.name}.{method.name}", ast.get_docstring(method)))
     return found
 
 

@@ -17,6 +17,7 @@ import gzip
 import io
 import json
 import sys
+import zlib
 from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple
 
@@ -24,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from aieng_core.data import reasons
-from aieng_core.data.decoding import bom_encoding, decode_strict, detect_stream_encoding
+from aieng_core.data.decoding import bom_encoding, decode_strict, detect_stream_encoding, is_non_ascii_utf8
 
 DATA_SUFFIXES = (".jsonl", ".jsonl.gz", ".csv", ".csv.gz", ".parquet")
 
@@ -53,12 +54,25 @@ def _opener(path: Path) -> Callable[[], io.BufferedIOBase]:
 def read_records(path: Path, name: str, batch_rows: int = 4096) -> Iterator[RawRecord]:
     """All records of one landed file, by its suffix."""
     if name.endswith((".jsonl", ".jsonl.gz")):
-        return read_jsonl(_opener(path), name)
+        return _guarded(read_jsonl(_opener(path), name), name)
     if name.endswith((".csv", ".csv.gz")):
-        return read_csv(_opener(path), name)
+        return _guarded(read_csv(_opener(path), name), name)
     if name.endswith(".parquet"):
         return read_parquet(path, name, batch_rows)
     raise ValueError(f"{name}: not a data file (expected one of {', '.join(DATA_SUFFIXES)})")
+
+
+def _guarded(records: Iterator[RawRecord], name: str) -> Iterator[RawRecord]:
+    """Keeps the rows read before a file turns out unreadable (corrupt or truncated gzip,
+    I/O error), and records the rest of the file as one malformed_row, instead of failing
+    the whole partition."""
+    line = 0
+    try:
+        for record in records:
+            line = record.line
+            yield record
+    except (OSError, EOFError, zlib.error) as exc:
+        yield RawRecord(name, line + 1, b"", None, reasons.MALFORMED_ROW, f"file unreadable from line {line + 1} on: {exc}")
 
 
 # ---- JSONL ------------------------------------------------------------------------------
@@ -133,6 +147,7 @@ def read_csv(open_stream: Callable[[], io.BufferedIOBase], name: str) -> Iterato
             decoded_header = decode_strict(_csv_line(header).encode("latin-1"))
             header = next(csv.reader([decoded_header[0]])) if decoded_header else header
         header = [column.strip() for column in header]
+        header[0] = header[0].lstrip("\ufeff")  # a BOM survives the row-by-row path
         start = reader.line_num + 1
         while True:
             try:
@@ -164,18 +179,28 @@ def read_csv(open_stream: Callable[[], io.BufferedIOBase], name: str) -> Iterato
 
 # ---- Parquet ----------------------------------------------------------------------------
 def _parquet_encoding(parquet: pq.ParquetFile, columns: list[str]) -> str | None:
-    """The one encoding all binary cells of the file decode with, or None."""
-    for encoding in ("utf-8", "gb18030"):
+    """The one encoding all binary cells of the file decode with, or None (cell by cell).
+
+    Streams the cells once per question, so a large file is never held in memory."""
+
+    def cells() -> Iterator[bytes]:
+        for batch in parquet.iter_batches(columns=columns):
+            for column in batch.columns:
+                yield from (value for value in column.to_pylist() if value is not None)
+
+    def all_decode(encoding: str) -> bool:
         try:
-            for batch in parquet.iter_batches(columns=columns):
-                for column in batch.columns:
-                    for value in column.to_pylist():
-                        if value is not None:
-                            value.decode(encoding)
+            for value in cells():
+                value.decode(encoding)
         except UnicodeDecodeError:
-            continue
-        return encoding
-    return None
+            return False
+        return True
+
+    if all_decode("utf-8"):
+        return "utf-8"
+    if any(is_non_ascii_utf8(value) for value in cells()):
+        return None  # a mix of UTF-8 and GBK cells: decode each on its own
+    return "gb18030" if all_decode("gb18030") else None
 
 
 def _parquet_value(value: Any, encoding: str | None) -> Any:

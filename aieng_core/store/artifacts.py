@@ -240,9 +240,12 @@ class ArtifactStore:
         """
         artifact_id = spec.artifact_id()
         target = self.artifact_dir(spec.kind, artifact_id)
-        if (target / MANIFEST).is_file():
-            existing = self.get(spec.kind, artifact_id)
-            problems = self.verify(existing)
+        if target.exists():
+            try:
+                existing = self.get(spec.kind, artifact_id)
+                problems = self.verify(existing)
+            except (ArtifactNotFound, ArtifactIntegrityError) as exc:
+                problems = [str(exc)]
             if not problems:
                 artifact = Artifact(spec.kind, artifact_id, target, existing.manifest, reused=True)
                 self.set_current(artifact)

@@ -79,3 +79,33 @@ def sentences(count: int, seed: int = 0) -> list[str]:
         a, b, c, d = (WORDS[(i * k + seed * 7 + k) % len(WORDS)] for k in (1, 3, 5, 11))
         out.append(f"Document {seed}-{i} says the {a} feeds the {b}, then the {c} checks every {d}.")
     return out
+
+
+@dataclass
+class Cleaned:
+    metrics: dict[str, Any]
+    content_sha256: str
+    clean: list[dict[str, Any]]
+    quarantine: list[dict[str, Any]]
+
+    @property
+    def reasons(self) -> dict[str, int]:
+        """The non-zero reason counts."""
+        return {reason: count for reason, count in self.metrics["reasons"].items() if count}
+
+    def texts(self) -> dict[str, str]:
+        return {row["id"]: row["text"] for row in self.clean}
+
+
+def clean_files(directory: Path, files: dict[str, bytes], config) -> Cleaned:
+    """Write `files` into directory/landed and run clean_partition over them (sorted by name)."""
+    from aieng_core.data.clean_documents import clean_partition
+
+    landed = directory / "landed"
+    landed.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (landed / name).write_bytes(data)
+    out = directory / "out"
+    out.mkdir(parents=True, exist_ok=True)
+    produced = clean_partition([(name, landed / name) for name in sorted(files)], config, out)
+    return Cleaned(produced.metrics, produced.content_sha256, read_table(out / "clean.parquet"), read_table(out / "quarantine.parquet"))

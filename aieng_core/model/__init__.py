@@ -1,0 +1,1 @@
+"""The language model: a Llama-architecture decoder in plain PyTorch, HF-compatible on disk."""

@@ -1,0 +1,85 @@
+"""Model files in Hugging Face layout, and loading them back safely.
+
+The artifact directory is what `transformers.AutoModelForCausalLM.from_pretrained(dir)` and
+`AutoTokenizer.from_pretrained(dir)` read. Loading is safetensors only, memory-mapped, after
+every file's SHA-256 has been checked against the artifact manifest: a tampered or
+truncated file is a clear error naming it, never a silently wrong model. No torch.load.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from aieng_core.hashing import sha256_file
+from aieng_core.model.llama import LlamaConfig, LlamaForCausalLM
+from aieng_core.store import Artifact, ArtifactIntegrityError
+from aieng_core.store.artifacts import MANIFEST
+from aieng_core.model.weights import load_into, unique_state_dict
+
+MODEL_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+
+
+def save_model_dir(model: LlamaForCausalLM, directory: Path) -> None:
+    config = model.config
+    save_file({k: v.cpu() for k, v in unique_state_dict(model).items()}, directory / MODEL_FILE, metadata={"format": "pt"})
+    (directory / CONFIG_FILE).write_text(json.dumps(config.to_hf_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    generation = {
+        "bos_token_id": config.bos_token_id,
+        "eos_token_id": config.eos_token_id,
+        "pad_token_id": config.pad_token_id,
+        "do_sample": False,
+        "max_length": config.max_position_embeddings,
+    }
+    (directory / GENERATION_CONFIG_FILE).write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def verify_files(directory: Path, manifest: dict[str, Any], names: tuple[str, ...]) -> None:
+    listed = manifest.get("files", {})
+    for name in names:
+        path = directory / name
+        if name not in listed:
+            raise ArtifactIntegrityError(f"{path}: not listed in {directory / MANIFEST}")
+        if not path.is_file():
+            raise ArtifactIntegrityError(f"{path}: missing")
+        if sha256_file(path) != listed[name]:
+            raise ArtifactIntegrityError(f"{path}: SHA-256 does not match the artifact manifest (tampered or truncated)")
+
+
+def load_model(artifact: Artifact, device: str | torch.device = "cpu") -> LlamaForCausalLM:
+    """The model of a model_checkpoint artifact, integrity-checked, memory-mapped."""
+    config = checkpoint_config(artifact)
+    verify_files(artifact.path, artifact.manifest, (MODEL_FILE,))
+    try:
+        tensors = load_file(artifact.path / MODEL_FILE, device=str(device))
+    except SafetensorError as exc:
+        raise ArtifactIntegrityError(f"{artifact.path / MODEL_FILE}: unreadable safetensors: {exc}") from None
+    model = LlamaForCausalLM(config)
+    load_into(model, tensors)
+    return model.to(device).eval()
+
+
+def checkpoint_config(artifact: Artifact) -> LlamaConfig:
+    verify_files(artifact.path, artifact.manifest, (CONFIG_FILE,))
+    return LlamaConfig.from_hf_dict(json.loads((artifact.path / CONFIG_FILE).read_text(encoding="utf-8")))
+
+
+def _stored_tensors(artifact: Artifact) -> dict[str, torch.Tensor]:
+    verify_files(artifact.path, artifact.manifest, (MODEL_FILE,))
+    return load_file(artifact.path / MODEL_FILE)
+
+
+def non_finite_tensors(artifact: Artifact) -> list[str]:
+    """Names of stored tensors holding a NaN or an inf."""
+    return sorted(name for name, tensor in _stored_tensors(artifact).items() if not torch.isfinite(tensor).all())
+
+
+def stored_parameters(artifact: Artifact) -> int:
+    return sum(tensor.numel() for tensor in _stored_tensors(artifact).values())

@@ -1,0 +1,1 @@
+"""Training the language model from scratch on the dataset manifest's token streams."""

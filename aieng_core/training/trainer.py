@@ -1,0 +1,237 @@
+"""The training loop: AdamW, warmup + cosine, gradient clipping, seeded, resumable.
+
+Batches are random windows of `block_size + 1` tokens from the packed train stream, drawn
+from a seeded torch.Generator. Everything that decides the next step (weights, optimizer
+moments, the generator's state, the step) is checkpointed atomically as safetensors plus
+JSON, so a run killed part-way resumes where it stopped and ends with the weights an
+uninterrupted run would have had. No pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from aieng_core.config import TrainingConfig
+from aieng_core.model.llama import LlamaConfig, LlamaForCausalLM
+from aieng_core.model.weights import load_into, unique_state_dict
+from aieng_core.store.atomic import atomic_directory
+
+CHECKPOINT_PREFIX = "step-"
+log = logging.getLogger("aieng.training")
+
+
+@dataclass
+class TrainOutcome:
+    model: LlamaForCausalLM
+    steps: int
+    stopped_by: str  # "max_steps" or "max_minutes"
+    history: list[dict[str, Any]] = field(default_factory=list)  # one entry per logged or evaluated step
+    tokens_seen: int = 0
+    train_seconds: float = 0.0
+    resumed_from: int | None = None
+
+
+def pick_device(preference: str) -> torch.device:
+    if preference == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("training.device is 'cuda' but no CUDA device is available")
+    if preference == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(preference)
+
+
+def learning_rate(step: int, config: TrainingConfig) -> float:
+    """Linear warmup to learning_rate, then cosine decay to min_learning_rate at max_steps."""
+    if step < config.warmup_steps:
+        return config.learning_rate * (step + 1) / config.warmup_steps
+    span = max(1, config.max_steps - config.warmup_steps)
+    progress = min(1.0, (step - config.warmup_steps) / span)
+    return config.min_learning_rate + 0.5 * (1 + math.cos(math.pi * progress)) * (config.learning_rate - config.min_learning_rate)
+
+
+def _make_optimizer(model: LlamaForCausalLM, config: TrainingConfig) -> torch.optim.AdamW:
+    # Decay matrices only; norms' gains (1-D) are not shrunk toward zero.
+    params = list({id(p): p for p in model.parameters()}.values())
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=config.learning_rate,
+        betas=(config.beta1, config.beta2),
+    )
+
+
+def _batch(stream: torch.Tensor, starts: torch.Tensor, block: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    index = starts[:, None] + torch.arange(block + 1)[None, :]
+    windows = stream[index]
+    return windows[:, :-1].to(device), windows[:, 1:].to(device)
+
+
+def eval_starts(length: int, config: TrainingConfig) -> torch.Tensor:
+    """Fixed, evenly spread validation windows: the same ones at every evaluation."""
+    last = length - config.block_size - 1
+    if last < 0:
+        raise ValueError(f"validation stream has {length} tokens, fewer than block_size + 1 ({config.block_size + 1})")
+    count = min(config.eval_batches * config.batch_size, last + 1)
+    return torch.linspace(0, last, count).long()
+
+
+@torch.no_grad()
+def evaluate(model: LlamaForCausalLM, stream: torch.Tensor, starts: torch.Tensor, config: TrainingConfig, device: torch.device) -> float:
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for chunk in starts.split(config.batch_size):
+        x, y = _batch(stream, chunk, config.block_size, device)
+        _, loss = model(x, y)
+        total += loss.item() * len(chunk)
+        count += len(chunk)
+    model.train(was_training)
+    return total / count
+
+
+# ---- checkpoints --------------------------------------------------------------------------
+def save_training_checkpoint(
+    work_dir: Path, model: LlamaForCausalLM, optimizer: torch.optim.AdamW, generator: torch.Generator, state: dict[str, Any]
+) -> Path:
+    """Write work_dir/step-NNNNNNNN atomically, then drop older ones: a kill at any moment
+    leaves at least one complete checkpoint."""
+    optimizer_state = optimizer.state_dict()
+    tensors = {f"{index}.{name}": value.contiguous() for index, slot in optimizer_state["state"].items() for name, value in slot.items()}
+    target = work_dir / f"{CHECKPOINT_PREFIX}{state['step']:08d}"
+    with atomic_directory(target) as staging:
+        save_file(unique_state_dict(model), staging / "model.safetensors")
+        save_file(tensors, staging / "optimizer.safetensors")
+        save_file({"batch_generator": generator.get_state()}, staging / "rng.safetensors")
+        (staging / "state.json").write_text(json.dumps({**state, "param_groups": optimizer_state["param_groups"]}, indent=2))
+    for older in work_dir.glob(f"{CHECKPOINT_PREFIX}*"):
+        if older != target:
+            shutil.rmtree(older, ignore_errors=True)
+    return target
+
+
+def latest_checkpoint(work_dir: Path) -> Path | None:
+    complete = sorted(p for p in work_dir.glob(f"{CHECKPOINT_PREFIX}*") if (p / "state.json").is_file())
+    return complete[-1] if complete else None
+
+
+def load_training_checkpoint(
+    work_dir: Path, model: LlamaForCausalLM, optimizer: torch.optim.AdamW, generator: torch.Generator, device: torch.device
+) -> dict[str, Any] | None:
+    checkpoint = latest_checkpoint(work_dir)
+    if checkpoint is None:
+        return None
+    state = json.loads((checkpoint / "state.json").read_text())
+    load_into(model, load_file(checkpoint / "model.safetensors", device=str(device)))
+    slots: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in load_file(checkpoint / "optimizer.safetensors", device=str(device)).items():
+        index, name = key.split(".", 1)
+        if name == "step":
+            value = value.cpu()  # AdamW keeps its step counter on the CPU
+        slots.setdefault(int(index), {})[name] = value
+    optimizer.load_state_dict({"state": slots, "param_groups": state.pop("param_groups")})
+    generator.set_state(load_file(checkpoint / "rng.safetensors")["batch_generator"])
+    return state
+
+
+# ---- the loop -------------------------------------------------------------------------------
+def train(
+    model_config: LlamaConfig,
+    config: TrainingConfig,
+    train_tokens: np.ndarray,
+    validation_tokens: np.ndarray,
+    work_dir: Path,
+    logger: Any = log,
+    on_step: Callable[[int, dict[str, Any]], None] | None = None,
+) -> TrainOutcome:
+    """Train from scratch, or resume from work_dir's checkpoint of the same recipe."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    if len(train_tokens) < config.block_size + 2:
+        raise ValueError(f"train stream has {len(train_tokens)} tokens, too few for block_size {config.block_size}")
+    device = pick_device(config.device)
+    torch.manual_seed(config.seed)
+    model = LlamaForCausalLM(model_config).to(device)
+    optimizer = _make_optimizer(model, config)
+    generator = torch.Generator().manual_seed(config.seed)
+    train_stream = torch.from_numpy(train_tokens)
+    val_stream = torch.from_numpy(validation_tokens)
+    val_starts = eval_starts(len(val_stream), config)
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    state = load_training_checkpoint(work_dir, model, optimizer, generator, device)
+    resumed_from = state["step"] if state else None
+    step = state["step"] if state else 0
+    history: list[dict[str, Any]] = state["history"] if state else []
+    tokens_seen = state["tokens_seen"] if state else 0
+    elapsed_before = state["train_seconds"] if state else 0.0
+    if resumed_from is not None:
+        logger.info(f"resuming training from step {resumed_from} (checkpoint in {work_dir})")
+
+    tokens_per_step = config.batch_size * config.block_size
+    started = time.monotonic()
+    window_start, window_tokens = started, 0
+    stopped_by = "max_steps"
+    model.train()
+    while step < config.max_steps:
+        if elapsed_before + time.monotonic() - started >= config.max_minutes * 60:
+            stopped_by = "max_minutes"
+            break
+        lr = learning_rate(step, config)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        starts = torch.randint(0, len(train_stream) - config.block_size - 1, (config.batch_size,), generator=generator)
+        x, y = _batch(train_stream, starts, config.block_size, device)
+        _, loss = model(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        step += 1
+        tokens_seen += tokens_per_step
+        window_tokens += tokens_per_step
+
+        record: dict[str, Any] = {}
+        if step % config.log_every == 0 or step == config.max_steps:
+            now = time.monotonic()
+            rate = window_tokens / max(now - window_start, 1e-9)
+            eta = (config.max_steps - step) * tokens_per_step / rate
+            record = {"step": step, "train_loss": loss.item(), "lr": lr, "grad_norm": float(grad_norm), "tokens_per_second": rate}
+            logger.info(f"step {step}/{config.max_steps}  loss {loss.item():.4f}  lr {lr:.2e}  {rate:,.0f} tok/s  ETA {eta:,.0f}s")
+            window_start, window_tokens = now, 0
+        if step % config.eval_every == 0 or step == config.max_steps:
+            record = {"step": step, **record, "train_loss": loss.item(), "validation_loss": evaluate(model, val_stream, val_starts, config, device)}
+            logger.info(f"step {step}: validation loss {record['validation_loss']:.4f}")
+        if record:
+            history.append(record)
+        train_seconds = elapsed_before + time.monotonic() - started
+        if step % config.checkpoint_every == 0 and step < config.max_steps:
+            save_training_checkpoint(
+                work_dir, model, optimizer, generator,
+                {"step": step, "history": history, "tokens_seen": tokens_seen, "train_seconds": train_seconds},
+            )
+        if on_step is not None:
+            on_step(step, record)
+
+    if not history or "validation_loss" not in history[-1]:
+        history.append({"step": step, "validation_loss": evaluate(model, val_stream, val_starts, config, device)})
+    model.eval()
+    return TrainOutcome(
+        model=model,
+        steps=step,
+        stopped_by=stopped_by,
+        history=history,
+        tokens_seen=tokens_seen,
+        train_seconds=elapsed_before + time.monotonic() - started,
+        resumed_from=resumed_from,
+    )

@@ -1,0 +1,121 @@
+"""raw_documents: an immutable, hashed snapshot of one day's landed files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from aieng_core.data.clean_documents import build_clean_documents
+from aieng_core.data.raw_documents import FILES_DIR, KIND, MissingPartitionData, build_raw_documents, landed_files, snapshot_files
+from aieng_core.hashing import sha256_bytes
+from aieng_core.home import parse_partition, raw_partition_dir
+from aieng_core.store import ArtifactStore
+from tests.conftest import land
+from tests.core.helpers import jsonl, read_table
+
+PARTITION = "2026-01-07"
+DOC = {"id": "a", "text": "A landed document of some length."}
+
+
+def test_missing_partition_folder(store: ArtifactStore, home: Path, tiny_config) -> None:
+    folder = home / "raw" / PARTITION
+    with pytest.raises(MissingPartitionData, match="does not exist") as info:
+        build_raw_documents(store, tiny_config, PARTITION)
+    assert str(folder) in str(info.value)
+    assert isinstance(info.value, FileNotFoundError)
+    assert store.current(KIND, PARTITION) is None and not (store.root / KIND).exists()
+
+
+def test_folder_without_data_files(store: ArtifactStore, home: Path, tiny_config) -> None:
+    land(home, PARTITION, "README.txt", b"notes")
+    land(home, PARTITION, ".hidden.jsonl", jsonl(DOC))
+    (home / "raw" / PARTITION / "subdir.jsonl").mkdir()
+    with pytest.raises(MissingPartitionData, match="holds no data files") as info:
+        build_raw_documents(store, tiny_config, PARTITION)
+    assert str(home / "raw" / PARTITION) in str(info.value)
+
+
+def test_empty_folder(store: ArtifactStore, home: Path, tiny_config) -> None:
+    (home / "raw" / PARTITION).mkdir(parents=True)
+    with pytest.raises(MissingPartitionData, match="holds no data files"):
+        build_raw_documents(store, tiny_config, PARTITION)
+
+
+def test_sources_list_every_landed_file(store: ArtifactStore, home: Path, tiny_config) -> None:
+    contents = {
+        "b.csv": b"id,text\nb,A second document here.\n",
+        "a.jsonl": jsonl(DOC),
+        "c.jsonl.gz": b"\x1f\x8b not really gzip",
+        "notes.md": b"# ignored",
+        ".in-flight.jsonl.tmp-123": b"partial",
+    }
+    for name, data in contents.items():
+        land(home, PARTITION, name, data)
+    artifact = build_raw_documents(store, tiny_config, PARTITION)
+    folder = home / "raw" / PARTITION
+    assert artifact.manifest["sources"] == [
+        {"path": str(folder / name), "size": len(contents[name]), "sha256": sha256_bytes(contents[name])}
+        for name in ("a.jsonl", "b.csv", "c.jsonl.gz")
+    ]
+    assert artifact.manifest["ignored_files"] == [".in-flight.jsonl.tmp-123", "notes.md"]
+    assert artifact.metrics == {"files": 3, "bytes": sum(len(contents[n]) for n in ("a.jsonl", "b.csv", "c.jsonl.gz"))}
+    assert sorted(artifact.manifest["files"]) == [f"{FILES_DIR}/a.jsonl", f"{FILES_DIR}/b.csv", f"{FILES_DIR}/c.jsonl.gz"]
+    for name in ("a.jsonl", "b.csv", "c.jsonl.gz"):
+        assert (artifact.path / FILES_DIR / name).read_bytes() == contents[name]  # byte for byte
+    assert [name for name, _ in snapshot_files(artifact)] == ["a.jsonl", "b.csv", "c.jsonl.gz"]
+    assert store.verify(artifact) == []
+    assert artifact.manifest["inputs"] == []
+
+
+def test_same_files_are_reused_and_a_changed_byte_is_a_new_snapshot(store: ArtifactStore, home: Path, tiny_config) -> None:
+    path = land(home, PARTITION, "a.jsonl", jsonl(DOC))
+    first = build_raw_documents(store, tiny_config, PARTITION)
+    again = build_raw_documents(store, tiny_config, PARTITION)
+    assert again.reused and again.id == first.id
+    path.write_bytes(jsonl({"id": "a", "text": "A landed document of some lengtH."}))
+    changed = build_raw_documents(store, tiny_config, PARTITION)
+    assert changed.id != first.id and not changed.reused
+    assert changed.content_sha256 != first.content_sha256
+    land(home, PARTITION, "b.jsonl", jsonl(DOC))
+    added = build_raw_documents(store, tiny_config, PARTITION)
+    assert added.id not in (first.id, changed.id)
+    assert store.verify(store.get(KIND, first.id)) == []  # old snapshots stay intact
+
+
+def test_id_and_hash_do_not_depend_on_mtime_or_home(tmp_path: Path, tiny_config) -> None:
+    ids = []
+    for n, mtime in enumerate((1_000_000_000, 1_700_000_000)):
+        home = tmp_path / f"home-{n}"
+        path = land(home, PARTITION, "a.jsonl", jsonl(DOC))
+        os.utime(path, (mtime, mtime))
+        artifact = build_raw_documents(ArtifactStore(home), tiny_config, PARTITION)
+        ids.append((artifact.id, artifact.content_sha256))
+    assert ids[0] == ids[1]
+
+
+def test_cleaning_reads_the_snapshot_not_the_landing_folder(store: ArtifactStore, home: Path, tiny_config) -> None:
+    path = land(home, PARTITION, "a.jsonl", jsonl(DOC))
+    build_raw_documents(store, tiny_config, PARTITION)
+    path.write_bytes(jsonl({"id": "z", "text": "Edited after the snapshot was taken."}))
+    clean = build_clean_documents(store, tiny_config, PARTITION)
+    assert [row["id"] for row in read_table(clean.file("clean.parquet"))] == ["a"]
+    path.unlink()
+    assert build_clean_documents(store, tiny_config, PARTITION).reused
+
+
+def test_landed_files_sorted_by_name(home: Path) -> None:
+    for name in ("c.parquet", "a.csv.gz", "b.jsonl"):
+        land(home, PARTITION, name, b"x")
+    files, ignored = landed_files(home, PARTITION)
+    assert [p.name for p in files] == ["a.csv.gz", "b.jsonl", "c.parquet"]
+    assert ignored == []
+
+
+@pytest.mark.parametrize("bad", ["2026-1-7", "20260107", "2026-02-30", "latest", "../2026-01-07", ""])
+def test_partition_keys_must_be_dates(home: Path, bad: str) -> None:
+    with pytest.raises(ValueError, match="YYYY-MM-DD"):
+        parse_partition(bad)
+    with pytest.raises(ValueError):
+        raw_partition_dir(home, bad)
