@@ -1,5 +1,6 @@
-"""Asset checks. Blocking checks stop downstream steps of the same run; each check looks at
-every partition present, reading the artifacts themselves rather than trusting metadata."""
+"""Asset checks. Blocking checks stop downstream steps of the same run. A check of a
+partitioned asset looks at the partitions of its run (all present ones when run on its own),
+reading the artifacts themselves rather than trusting metadata."""
 
 import dagster as dg
 
@@ -9,24 +10,36 @@ from aieng_core.data.tables import CLEAN_FILE, head
 from aieng_core.dataset.consistency import tokenized_consistency
 from aieng_core.model.checkpoint import checkpoint_config, non_finite_tensors, stored_parameters
 from aieng_core.model.llama import expected_parameters
+from aieng_core.store import ArtifactStore
 from aieng_core.tokenizer.bpe import load_tokenizer, round_trip_failures
 from orchestration.assets.data import clean_documents, raw_documents
 from orchestration.assets.dataset import dataset_manifest
 from orchestration.assets.model import model_checkpoint
 from orchestration.assets.tokenizer import bpe_tokenizer, tokenized_documents
+from orchestration.partitions import daily_partitions
 from orchestration.resources import AiengResource
 
 ROUND_TRIP_SAMPLE = 200
 
 
-def _verify_current(aieng: AiengResource, kind: str) -> dg.AssetCheckResult:
-    store = aieng.store()
-    partitions = store.current_partitions(kind) or [None]
+def run_partitions(context: dg.AssetCheckExecutionContext, store: ArtifactStore, kind: str) -> list[str]:
+    """The partitions this run materialized (one, or a backfill range); with no partition
+    in the run, every partition present. Keeps a daily run's checks from re-reading a year."""
+    tags = context.run.tags
+    if "dagster/partition" in tags:
+        return [tags["dagster/partition"]]
+    if "dagster/asset_partition_range_start" in tags:
+        key_range = dg.PartitionKeyRange(tags["dagster/asset_partition_range_start"], tags["dagster/asset_partition_range_end"])
+        return list(daily_partitions.get_partition_keys_in_range(key_range))
+    return store.current_partitions(kind)
+
+
+def _verify_current(store: ArtifactStore, kind: str, partitions: list[str | None]) -> dg.AssetCheckResult:
     problems = []
     for partition in partitions:
         artifact = store.current(kind, partition)
         if artifact is None:
-            problems.append(f"{kind} has no current artifact")
+            problems.append(f"{kind} has no current artifact" + (f" for {partition}" if partition else ""))
             continue
         problems.extend(store.verify(artifact))
     return dg.AssetCheckResult(
@@ -36,8 +49,9 @@ def _verify_current(aieng: AiengResource, kind: str) -> dg.AssetCheckResult:
 
 
 @dg.asset_check(asset=raw_documents, blocking=True, description="Every snapshot file still matches its SHA-256.")
-def raw_snapshot_intact(aieng: AiengResource) -> dg.AssetCheckResult:
-    return _verify_current(aieng, raw_documents.key.to_user_string())
+def raw_snapshot_intact(context: dg.AssetCheckExecutionContext, aieng: AiengResource) -> dg.AssetCheckResult:
+    store, kind = aieng.store(), raw_documents.key.to_user_string()
+    return _verify_current(store, kind, run_partitions(context, store, kind))
 
 
 @dg.asset_check(
@@ -45,9 +59,9 @@ def raw_snapshot_intact(aieng: AiengResource) -> dg.AssetCheckResult:
     blocking=True,
     description="Nothing is dropped silently: rows_in == rows_clean + rows_quarantined, counted from the Parquet files.",
 )
-def rows_accounted_for(aieng: AiengResource) -> dg.AssetCheckResult:
+def rows_accounted_for(context: dg.AssetCheckExecutionContext, aieng: AiengResource) -> dg.AssetCheckResult:
     store = aieng.store()
-    results = {p: row_accounting(store.require_current(CLEAN_KIND, p)) for p in store.current_partitions(CLEAN_KIND)}
+    results = {p: row_accounting(store.require_current(CLEAN_KIND, p)) for p in run_partitions(context, store, CLEAN_KIND)}
     failed = sorted(p for p, result in results.items() if not result["passed"])
     return dg.AssetCheckResult(
         passed=bool(results) and not failed,
@@ -84,7 +98,7 @@ def tokenized_matches_clean(aieng: AiengResource) -> dg.AssetCheckResult:
 
 @dg.asset_check(asset=dataset_manifest, blocking=True, description="The manifest artifact matches its file hashes.")
 def dataset_manifest_intact(aieng: AiengResource) -> dg.AssetCheckResult:
-    return _verify_current(aieng, dataset_manifest.key.to_user_string())
+    return _verify_current(aieng.store(), dataset_manifest.key.to_user_string(), [None])
 
 
 ALL_CHECKS = [raw_snapshot_intact, rows_accounted_for, tokenizer_round_trips, tokenized_matches_clean, dataset_manifest_intact]
