@@ -13,7 +13,7 @@ import logging
 from collections import Counter
 from itertools import islice
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 
@@ -48,11 +48,13 @@ def _batches(records: Iterable[RawRecord], size: int) -> Iterator[list[RawRecord
         yield batch
 
 
-def _unencodable_field(document: dict[str, Any]) -> str | None:
-    """The first field that is not valid Unicode (a JSON escape such as "\\ud800" decodes to a
-    lone surrogate, which no UTF-8 writer accepts), or None."""
-    for name, value in document.items():
-        if isinstance(value, str):
+def _unencodable_metadata(document: dict[str, Any]) -> str | None:
+    """The first field other than text that is not valid Unicode, or None. (A JSON escape
+    such as "\\ud800" decodes to a lone surrogate, which no UTF-8 writer accepts; the text
+    itself is checked when it is encoded for de-duplication.)"""
+    for name in ("id", "source", "lang", "created_at"):
+        value = document.get(name)
+        if value is not None and not value.isascii():
             try:
                 value.encode("utf-8")
             except UnicodeEncodeError:
@@ -66,8 +68,9 @@ class PartitionCleaner:
     Stateful only for de-duplication: ids and text digests of the clean rows so far.
     """
 
-    def __init__(self, config: DataConfig) -> None:
+    def __init__(self, config: DataConfig, validate: Callable[[list[dict[str, Any]]], list] = validate_batch) -> None:
         self.config = config
+        self.validate = validate  # the contract check; swappable so a benchmark can compare approaches
         self.seen_ids: set[str] = set()
         self.seen_texts: set[bytes] = set()
         self.counts: Counter[str] = Counter()
@@ -88,7 +91,7 @@ class PartitionCleaner:
             quarantine["raw"].append(record.raw)
 
         self.rows_in += len(batch)
-        results = iter(validate_batch([record.fields for record in batch if record.reason is None]))
+        results = iter(self.validate([record.fields for record in batch if record.reason is None]))
         for record in batch:
             if record.reason is not None:
                 reject(record, record.reason, record.detail or "")
@@ -97,7 +100,7 @@ class PartitionCleaner:
             if isinstance(result, tuple):
                 reject(record, *result)
                 continue
-            if (unencodable := _unencodable_field(result)) is not None:
+            if (unencodable := _unencodable_metadata(result)) is not None:
                 reject(record, reasons.UNDECODABLE, f"{unencodable} holds a lone surrogate, not valid Unicode")
                 continue
             text = clean_text(result["text"])
@@ -115,7 +118,12 @@ class PartitionCleaner:
             if doc_id in self.seen_ids:
                 reject(record, reasons.DUPLICATE_ID, f"id {doc_id!r} already has a clean row in this partition")
                 continue
-            digest = hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
+            try:
+                encoded = text.encode("utf-8")
+            except UnicodeEncodeError:
+                reject(record, reasons.UNDECODABLE, "text holds a lone surrogate, not valid Unicode")
+                continue
+            digest = hashlib.blake2b(encoded, digest_size=16).digest()
             if digest in self.seen_texts:
                 reject(record, reasons.DUPLICATE_TEXT, "exact duplicate of an earlier clean text in this partition")
                 continue

@@ -19,6 +19,7 @@ _OTHER_WHITESPACE = frozenset(
     "\x09\x0b\x0c\x0d\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
 )
 _NEWLINE_RUN = re.compile(r"\n{3,}")
+_SPACE_RUN = re.compile(r"  +")
 
 
 def _collapse_line(line: str) -> str:
@@ -35,11 +36,16 @@ def _collapse_line(line: str) -> str:
 
 
 def collapse_whitespace(text: str) -> str:
-    """Collapse each run of whitespace other than newlines to a single space."""
-    needs_rewrite = "  " in text or "\t" in text or (not text.isascii() and not _OTHER_WHITESPACE.isdisjoint(text))
-    if not needs_rewrite:
-        return text
-    return "\n".join([_collapse_line(line) for line in text.split("\n")])
+    """Collapse each run of whitespace other than newlines to a single space.
+
+    Expects control characters already removed (clean_text does that first): then, in
+    ASCII text, spaces and tabs are the only whitespace besides newlines.
+    """
+    if "\t" in text or (not text.isascii() and not _OTHER_WHITESPACE.isdisjoint(text)):
+        return "\n".join([_collapse_line(line) for line in text.split("\n")])
+    if "  " in text:
+        return _SPACE_RUN.sub(" ", text)  # only spaces to squeeze: a literal-prefix regex is fast
+    return text
 
 
 def clean_text(text: str) -> str:
