@@ -36,7 +36,6 @@ def save_model_dir(model: LlamaForCausalLM, directory: Path) -> None:
         "eos_token_id": config.eos_token_id,
         "pad_token_id": config.pad_token_id,
         "do_sample": False,
-        "max_length": config.max_position_embeddings,
     }
     (directory / GENERATION_CONFIG_FILE).write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
@@ -55,14 +54,8 @@ def verify_files(directory: Path, manifest: dict[str, Any], names: tuple[str, ..
 
 def load_model(artifact: Artifact, device: str | torch.device = "cpu") -> LlamaForCausalLM:
     """The model of a model_checkpoint artifact, integrity-checked, memory-mapped."""
-    config = checkpoint_config(artifact)
-    verify_files(artifact.path, artifact.manifest, (MODEL_FILE,))
-    try:
-        tensors = load_file(artifact.path / MODEL_FILE, device=str(device))
-    except SafetensorError as exc:
-        raise ArtifactIntegrityError(f"{artifact.path / MODEL_FILE}: unreadable safetensors: {exc}") from None
-    model = LlamaForCausalLM(config)
-    load_into(model, tensors)
+    model = LlamaForCausalLM(checkpoint_config(artifact))
+    load_into(model, _stored_tensors(artifact, device))
     return model.to(device).eval()
 
 
@@ -71,9 +64,12 @@ def checkpoint_config(artifact: Artifact) -> LlamaConfig:
     return LlamaConfig.from_hf_dict(json.loads((artifact.path / CONFIG_FILE).read_text(encoding="utf-8")))
 
 
-def _stored_tensors(artifact: Artifact) -> dict[str, torch.Tensor]:
+def _stored_tensors(artifact: Artifact, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     verify_files(artifact.path, artifact.manifest, (MODEL_FILE,))
-    return load_file(artifact.path / MODEL_FILE)
+    try:
+        return load_file(artifact.path / MODEL_FILE, device=str(device))
+    except SafetensorError as exc:
+        raise ArtifactIntegrityError(f"{artifact.path / MODEL_FILE}: unreadable safetensors: {exc}") from None
 
 
 def non_finite_tensors(artifact: Artifact) -> list[str]:

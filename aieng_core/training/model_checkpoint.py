@@ -26,7 +26,7 @@ from aieng_core.tokenizer.bpe import TOKENIZER_FILES, load_tokenizer, special_to
 from aieng_core.tokenizer.bpe_tokenizer import KIND as TOKENIZER_KIND
 from aieng_core.training.corpus import split_token_streams, unigram_cross_entropy
 from aieng_core.training.plot import loss_curve_png
-from aieng_core.training.trainer import train
+from aieng_core.training.trainer import pick_device, train
 
 KIND = "model_checkpoint"
 CODE_VERSION = "model_checkpoint-v1"
@@ -61,11 +61,14 @@ def build_model_checkpoint(
 ) -> Artifact:
     dataset = store.require_current(DATASET_KIND)
     tokenizer = store.check(store.get(TOKENIZER_KIND, dataset.manifest["tokenizer_id"]))
+    device = pick_device(config.training.device)
     spec = ArtifactSpec(
         kind=KIND,
         code_version=CODE_VERSION,
         config_sha256=config.section_sha256("model", "training"),
         inputs=((DATASET_KIND, dataset.id), (TOKENIZER_KIND, tokenizer.id)),
+        # CUDA and CPU kernels round differently: the same recipe on another device is another model.
+        recipe={"device": device.type},
     )
     work_dir = work_dir_for(store, spec.artifact_id())
 
@@ -98,6 +101,8 @@ def build_model_checkpoint(
             "tokens_seen": outcome.tokens_seen,
             "train_tokens": int(len(train_tokens)),
             "validation_tokens": int(len(validation_tokens)),
+            "device": device.type,
+            "threads": outcome.threads,
             "wall_seconds": round(outcome.train_seconds, 3),
             "tokens_per_second": outcome.tokens_seen / max(outcome.train_seconds, 1e-9),
             **memory_budget(parameters),

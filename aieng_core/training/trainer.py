@@ -40,6 +40,7 @@ class TrainOutcome:
     tokens_seen: int = 0
     train_seconds: float = 0.0
     resumed_from: int | None = None
+    threads: int = 0  # torch intra-op threads the steps ran with
 
 
 def pick_device(preference: str) -> torch.device:
@@ -155,8 +156,24 @@ def train(
     on_step: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> TrainOutcome:
     """Train from scratch, or resume from work_dir's checkpoint of the same recipe."""
+    threads_before = torch.get_num_threads()
     if config.threads:
         torch.set_num_threads(config.threads)
+    try:
+        return _train(model_config, config, train_tokens, validation_tokens, work_dir, logger, on_step)
+    finally:
+        torch.set_num_threads(threads_before)  # don't leak the setting into the rest of the process
+
+
+def _train(
+    model_config: LlamaConfig,
+    config: TrainingConfig,
+    train_tokens: np.ndarray,
+    validation_tokens: np.ndarray,
+    work_dir: Path,
+    logger: Any,
+    on_step: Callable[[int, dict[str, Any]], None] | None,
+) -> TrainOutcome:
     if len(train_tokens) < config.block_size + 2:
         raise ValueError(f"train stream has {len(train_tokens)} tokens, too few for block_size {config.block_size}")
     device = pick_device(config.device)
@@ -234,4 +251,5 @@ def train(
         tokens_seen=tokens_seen,
         train_seconds=elapsed_before + time.monotonic() - started,
         resumed_from=resumed_from,
+        threads=torch.get_num_threads(),
     )
