@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from aieng_core.hashing import sha256_json
+from aieng_core.model.shape import head_shape_problem
 
 DEFAULT_CONFIG = "configs/pipeline.yaml"
 
@@ -75,14 +76,8 @@ class ModelConfig(_Section):
 
     @model_validator(mode="after")
     def _heads_fit(self) -> "ModelConfig":
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads ({self.num_attention_heads})")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_attention_heads ({self.num_attention_heads}) must be divisible by num_key_value_heads ({self.num_key_value_heads})"
-            )
-        if (self.hidden_size // self.num_attention_heads) % 2:
-            raise ValueError("hidden_size / num_attention_heads must be even (rotary embeddings)")
+        if problem := head_shape_problem(self.hidden_size, self.num_attention_heads, self.num_key_value_heads):
+            raise ValueError(problem)
         return self
 
 

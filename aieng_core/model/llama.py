@@ -16,6 +16,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from aieng_core.model.shape import head_shape_problem
+
 
 @dataclass(frozen=True)
 class LlamaConfig:
@@ -34,14 +36,8 @@ class LlamaConfig:
     pad_token_id: int = 1
 
     def __post_init__(self) -> None:
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_attention_heads {self.num_attention_heads} is not divisible by num_key_value_heads {self.num_key_value_heads}"
-            )
-        if (self.hidden_size // self.num_attention_heads) % 2:
-            raise ValueError("the head dimension must be even for rotary embeddings")
+        if problem := head_shape_problem(self.hidden_size, self.num_attention_heads, self.num_key_value_heads):
+            raise ValueError(problem)
 
     @property
     def head_dim(self) -> int:
