@@ -10,9 +10,10 @@ from aieng_core.dataset.dataset_manifest import KIND as MANIFEST_KIND
 from aieng_core.store import ArtifactStore
 from aieng_core.tokenizer.bpe_tokenizer import KIND as TOKENIZER_KIND
 from aieng_core.tokenizer.tokenized_documents import KIND as TOKENIZED_KIND
+from aieng_core.training.model_checkpoint import KIND as MODEL_KIND
 
 PARTITIONED = (RAW_KIND, CLEAN_KIND, TOKENIZED_KIND)
-UNPARTITIONED = (TOKENIZER_KIND, MANIFEST_KIND)
+UNPARTITIONED = (TOKENIZER_KIND, MANIFEST_KIND, MODEL_KIND)
 
 
 def pipeline_status(store: ArtifactStore) -> dict[str, Any]:
@@ -55,4 +56,14 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append(f"  {manifest['path']}")
     else:
         lines.append(f"{MANIFEST_KIND}: (none)")
+    model = assets[MODEL_KIND]
+    if model:
+        m = model["metrics"]
+        lines.append(
+            f"{MODEL_KIND}: {model['id']}  {m['parameters']:,} parameters, {m['steps']} steps, validation loss "
+            f"{m['validation_loss']:.3f} vs unigram baseline {m['unigram_baseline_loss']:.3f} nats/token"
+        )
+        lines.append(f"  {model['path']}  (loads with transformers.AutoModelForCausalLM.from_pretrained)")
+    else:
+        lines.append(f"{MODEL_KIND}: (none)")
     return "\n".join(lines)
