@@ -24,6 +24,7 @@ from aieng_core.config import load_config
 from aieng_core.hashing import sha256_file
 from aieng_core.model.checkpoint import CONFIG_FILE, MODEL_FILE, load_model, save_model_dir
 from aieng_core.model.llama import LlamaConfig, LlamaForCausalLM
+from aieng_core.model.weights import unique_state_dict
 from aieng_core.store import Artifact
 
 GOALS = {"training_tokens_per_second_vs_transformers": 1.0}
@@ -80,7 +81,7 @@ def run_model_bench(steps: int = 30, out: str | None = None, config: str | None 
         save_model_dir(ours, directory)
         hf = _hf_model(directory)  # the same initial weights, through transformers' own loader
         vocab = model_config.vocab_size
-            ours_sps, hf_sps = _interleaved(
+        ours_sps, hf_sps = _interleaved(
             [
                 _Trainer(ours, lambda x, y: ours(x, y)[1]),
                 _Trainer(hf, lambda x, y: F.cross_entropy(hf(input_ids=x).logits.float().view(-1, vocab), y.reshape(-1))),
@@ -93,14 +94,18 @@ def run_model_bench(steps: int = 30, out: str | None = None, config: str | None 
         manifest = {"files": {name: sha256_file(directory / name) for name in (MODEL_FILE, CONFIG_FILE)}}
         artifact = Artifact("model_checkpoint", "bench", directory, manifest)
         pt_path = directory / "model.pt"
-        torch.save(ours.state_dict(), pt_path)
+        torch.save(unique_state_dict(ours), pt_path)
 
         def load_ours() -> None:
             load_model(artifact)
 
         def load_pt() -> None:
-            model = LlamaForCausalLM(model_config)
-            model.load_state_dict(torch.load(pt_path, weights_only=True, mmap=True))
+            # The same construction as ours (meta device, assign), so only the file path differs.
+            tensors = torch.load(pt_path, weights_only=True, mmap=True)
+            with torch.device("meta"):
+                model = LlamaForCausalLM(model_config)
+            model.load_state_dict(tensors, strict=False, assign=True)
+            model.lm_head.weight = model.model.embed_tokens.weight
 
         def best(work_fn) -> float:
             timings = []

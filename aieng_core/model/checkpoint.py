@@ -54,8 +54,11 @@ def verify_files(directory: Path, manifest: dict[str, Any], names: tuple[str, ..
 
 def load_model(artifact: Artifact, device: str | torch.device = "cpu") -> LlamaForCausalLM:
     """The model of a model_checkpoint artifact, integrity-checked, memory-mapped."""
-    model = LlamaForCausalLM(checkpoint_config(artifact))
-    load_into(model, _stored_tensors(artifact, device))
+    config = checkpoint_config(artifact)
+    tensors = _stored_tensors(artifact, device)
+    with torch.device("meta"):  # shapes only: the stored tensors become the parameters
+        model = LlamaForCausalLM(config)
+    load_into(model, tensors, assign=True)
     return model.to(device).eval()
 
 
