@@ -18,6 +18,9 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _OTHER_WHITESPACE = frozenset(
     "\x09\x0b\x0c\x0d\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
 )
+# The same control characters as bytes, for ASCII text: bytes.translate deletes them at C
+# speed, many times faster than a regex scan.
+_ASCII_CONTROL_BYTES = bytes([*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F])
 _NEWLINE_RUN = re.compile(r"\n{3,}")
 _SPACE_RUN = re.compile(r"  +")
 
@@ -48,10 +51,19 @@ def collapse_whitespace(text: str) -> str:
     return text
 
 
+def remove_control_characters(text: str) -> str:
+    """Drop Unicode Cc characters except \\t and \\n."""
+    if text.isascii():  # O(1) in CPython: the string knows it is ASCII
+        data = text.encode("ascii")
+        kept = data.translate(None, _ASCII_CONTROL_BYTES)
+        return text if len(kept) == len(data) else kept.decode("ascii")
+    return _CONTROL.sub("", text)
+
+
 def clean_text(text: str) -> str:
     """Remove control characters except \\n and \\t, normalize to NFC, collapse runs of
     other whitespace to one space (newlines untouched), collapse 3+ newlines to 2, strip."""
-    text = _CONTROL.sub("", text)
+    text = remove_control_characters(text)
     if not unicodedata.is_normalized("NFC", text):
         text = unicodedata.normalize("NFC", text)
     text = collapse_whitespace(text)
