@@ -10,7 +10,7 @@ import hashlib
 import json
 import mmap
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -29,18 +29,6 @@ def sha256_json(value: Any) -> str:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def sha256_stream(stream: BinaryIO) -> tuple[str, int]:
-    """Hash a binary stream in fixed chunks; returns (hex digest, byte count)."""
-    digest = hashlib.sha256()
-    size = 0
-    buffer = bytearray(CHUNK_BYTES)
-    view = memoryview(buffer)
-    while n := stream.readinto(buffer):
-        digest.update(view[:n])
-        size += n
-    return digest.hexdigest(), size
 
 
 def sha256_file(path: str | Path) -> str:
