@@ -4,16 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from aieng_core.data.clean_documents import KIND as CLEAN_KIND
-from aieng_core.data.raw_documents import KIND as RAW_KIND
-from aieng_core.dataset.dataset_manifest import KIND as MANIFEST_KIND
+from aieng_core.asset_keys import BPE_TOKENIZER as TOKENIZER_KIND
+from aieng_core.asset_keys import CLEAN_DOCUMENTS as CLEAN_KIND
+from aieng_core.asset_keys import DATASET_MANIFEST as MANIFEST_KIND
+from aieng_core.asset_keys import MODEL_CHECKPOINT as MODEL_KIND
+from aieng_core.asset_keys import RAW_DOCUMENTS as RAW_KIND
+from aieng_core.asset_keys import TOKENIZED_DOCUMENTS as TOKENIZED_KIND
 from aieng_core.store import ArtifactStore
-from aieng_core.tokenizer.bpe_tokenizer import KIND as TOKENIZER_KIND
-from aieng_core.tokenizer.tokenized_documents import KIND as TOKENIZED_KIND
-from aieng_core.training.model_checkpoint import KIND as MODEL_KIND
 
 PARTITIONED = (RAW_KIND, CLEAN_KIND, TOKENIZED_KIND)
 UNPARTITIONED = (TOKENIZER_KIND, MANIFEST_KIND, MODEL_KIND)
+# One line of counts per partition, from the artifact's metrics.
+PARTITION_SUMMARY = {
+    RAW_KIND: lambda m: f"{m['files']} files, {m['bytes']:,} bytes",
+    CLEAN_KIND: lambda m: f"{m['rows_in']} in, {m['rows_clean']} clean, {m['rows_quarantined']} quarantined",
+    TOKENIZED_KIND: lambda m: f"{m['rows']} documents, {m['tokens']:,} tokens",
+}
 
 
 def pipeline_status(store: ArtifactStore) -> dict[str, Any]:
@@ -40,13 +46,7 @@ def format_status(status: dict[str, Any]) -> str:
         if not assets[kind]:
             lines.append("  (none)")
         for partition, item in assets[kind].items():
-            m = item["metrics"]
-            counts = {
-                RAW_KIND: lambda: f"{m['files']} files, {m['bytes']:,} bytes",
-                CLEAN_KIND: lambda: f"{m['rows_in']} in, {m['rows_clean']} clean, {m['rows_quarantined']} quarantined",
-                TOKENIZED_KIND: lambda: f"{m['rows']} documents, {m['tokens']:,} tokens",
-            }[kind]()
-            lines.append(f"  {partition}  {item['id']}  {counts}")
+            lines.append(f"  {partition}  {item['id']}  {PARTITION_SUMMARY[kind](item['metrics'])}")
     tokenizer, manifest = assets[TOKENIZER_KIND], assets[MANIFEST_KIND]
     lines.append(f"{TOKENIZER_KIND}: " + (f"{tokenizer['id']}  vocabulary {tokenizer['metrics']['vocab_size']}" if tokenizer else "(none)"))
     if manifest:

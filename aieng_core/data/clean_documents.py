@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 
+from aieng_core import asset_keys
 from aieng_core.config import AiengConfig, DataConfig
 from aieng_core.data import reasons
 from aieng_core.data.cleaning import clean_text
@@ -36,7 +37,7 @@ from aieng_core.hashing import ColumnHasher, sha256_json
 from aieng_core.progress import Progress
 from aieng_core.store import Artifact, ArtifactSpec, ArtifactStore, Produced, RunInfo
 
-KIND = "clean_documents"
+KIND = asset_keys.CLEAN_DOCUMENTS
 CODE_VERSION = "clean_documents-v1"
 
 log = logging.getLogger("aieng.data")

@@ -12,13 +12,14 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from aieng_core import asset_keys
 from aieng_core.config import AiengConfig
 from aieng_core.hashing import CHUNK_BYTES, sha256_file, sha256_json
 from aieng_core.home import raw_partition_dir
 from aieng_core.data.readers import DATA_SUFFIXES, is_data_file
 from aieng_core.store import Artifact, ArtifactSpec, ArtifactStore, Produced, RunInfo
 
-KIND = "raw_documents"
+KIND = asset_keys.RAW_DOCUMENTS
 CODE_VERSION = "raw_documents-v1"
 FILES_DIR = "files"
 

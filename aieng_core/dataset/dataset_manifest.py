@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from aieng_core import asset_keys
 from aieng_core.config import AiengConfig
 from aieng_core.data.tables import TOKENS_FILE, iter_batches
 from aieng_core.dataset.split import METHOD, TRAIN, VALIDATION, split_of
@@ -22,7 +23,7 @@ from aieng_core.store import Artifact, ArtifactNotFound, ArtifactSpec, ArtifactS
 from aieng_core.tokenizer.bpe_tokenizer import KIND as TOKENIZER_KIND
 from aieng_core.tokenizer.tokenized_documents import KIND as TOKENIZED_KIND
 
-KIND = "dataset_manifest"
+KIND = asset_keys.DATASET_MANIFEST
 CODE_VERSION = "dataset_manifest-v1"
 DATASET_FILE = "dataset.json"
 

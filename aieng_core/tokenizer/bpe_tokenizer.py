@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any, Iterator
 
+from aieng_core import asset_keys
 from aieng_core.config import AiengConfig
 from aieng_core.data.clean_documents import KIND as CLEAN_KIND
 from aieng_core.data.tables import CLEAN_FILE, iter_batches
@@ -21,7 +22,7 @@ from aieng_core.progress import Progress
 from aieng_core.store import Artifact, ArtifactNotFound, ArtifactSpec, ArtifactStore, Produced, RunInfo
 from aieng_core.tokenizer.bpe import TOKENIZER_FILES, capped, save_tokenizer_dir, train_bpe
 
-KIND = "bpe_tokenizer"
+KIND = asset_keys.BPE_TOKENIZER
 CODE_VERSION = "bpe_tokenizer-v1"
 
 log = logging.getLogger("aieng.tokenizer")

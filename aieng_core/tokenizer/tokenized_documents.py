@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from aieng_core import asset_keys
 from aieng_core.config import AiengConfig
 from aieng_core.data.clean_documents import KIND as CLEAN_KIND
 from aieng_core.data.tables import CLEAN_FILE, TOKENS_FILE, TOKENS_SCHEMA, iter_batches, parquet_writer
@@ -22,7 +23,7 @@ from aieng_core.store import Artifact, ArtifactSpec, ArtifactStore, Produced, Ru
 from aieng_core.tokenizer.bpe import load_tokenizer, special_token_id
 from aieng_core.tokenizer.bpe_tokenizer import KIND as TOKENIZER_KIND
 
-KIND = "tokenized_documents"
+KIND = asset_keys.TOKENIZED_DOCUMENTS
 CODE_VERSION = "tokenized_documents-v1"
 
 log = logging.getLogger("aieng.tokenizer")

@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
+from aieng_core import asset_keys
 from aieng_core.config import AiengConfig
 from aieng_core.dataset.dataset_manifest import KIND as DATASET_KIND
 from aieng_core.hashing import sha256_file, sha256_json
@@ -28,7 +29,7 @@ from aieng_core.training.corpus import split_token_streams, unigram_cross_entrop
 from aieng_core.training.plot import loss_curve_png
 from aieng_core.training.trainer import pick_device, train
 
-KIND = "model_checkpoint"
+KIND = asset_keys.MODEL_CHECKPOINT
 CODE_VERSION = "model_checkpoint-v1"
 TRAINING_STATE_FILE = "training_state.json"
 LOSS_CURVE_FILE = "loss_curve.png"

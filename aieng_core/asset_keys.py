@@ -1,0 +1,12 @@
+"""The asset keys of the graph (a contract, see DESIGN.md §2), in one torch-free place.
+
+Each capability module names its own key from here, and whatever only needs the names
+(status, lineage) imports this module instead of the heavy ones.
+"""
+
+RAW_DOCUMENTS = "raw_documents"
+CLEAN_DOCUMENTS = "clean_documents"
+BPE_TOKENIZER = "bpe_tokenizer"
+TOKENIZED_DOCUMENTS = "tokenized_documents"
+DATASET_MANIFEST = "dataset_manifest"
+MODEL_CHECKPOINT = "model_checkpoint"
