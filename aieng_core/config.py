@@ -7,13 +7,14 @@ a pipeline trains on the wrong thing for a week.
 
 from __future__ import annotations
 
+import codecs
 import datetime as dt
 import os
 from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from aieng_core.hashing import sha256_json
 from aieng_core.model.shape import head_shape_problem
@@ -34,12 +35,38 @@ class DataConfig(_Section):
     min_chars: int = Field(default=20, ge=0)
     max_chars: int = Field(default=200_000, ge=1)
     batch_rows: int = Field(default=4096, ge=1, le=1_000_000)
+    # Bytes of records held per batch: with batch_rows, bounds memory whatever the rows hold.
+    batch_bytes: int = Field(default=64 << 20, ge=1 << 16)
+    # A record (a line, a CSV record) over this many bytes is record_too_large, never parsed.
+    max_record_bytes: int = Field(default=8 << 20, ge=1024)
+    # Decompressed bytes read from one landed file; the rest is quarantined as unreadable.
+    max_file_bytes: int = Field(default=16 << 30, ge=1024)
+    # Tried in order after strict UTF-8; GB encodings only where the bytes look like Chinese.
+    fallback_encodings: tuple[str, ...] = Field(default=("gb18030",), strict=False)
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> "DataConfig":
         if self.min_chars > self.max_chars:
             raise ValueError(f"min_chars ({self.min_chars}) must not exceed max_chars ({self.max_chars})")
+        if self.max_record_bytes > self.max_file_bytes:
+            raise ValueError(f"max_record_bytes ({self.max_record_bytes}) must not exceed max_file_bytes ({self.max_file_bytes})")
         return self
+
+    @field_validator("fallback_encodings")
+    @classmethod
+    def _known_encodings(cls, encodings: tuple[str, ...]) -> tuple[str, ...]:
+        names = []
+        for encoding in encodings:
+            try:
+                name = codecs.lookup(encoding).name
+            except LookupError:
+                raise ValueError(f"unknown encoding {encoding!r}") from None
+            if name.startswith(("utf-8", "utf_8", "utf-16", "utf-32")):
+                raise ValueError(f"{encoding!r}: UTF encodings are detected already (strict UTF-8, byte-order marks)")
+            if name in names:
+                raise ValueError(f"{encoding!r} is listed twice")
+            names.append(name)
+        return tuple(names)
 
 
 class TokenizerConfig(_Section):

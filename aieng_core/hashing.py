@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import mmap
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -31,13 +30,28 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def sha256_stream(stream: BinaryIO) -> tuple[str, int]:
+    """SHA-256 and byte count of everything left in a binary stream.
+
+    Reads into one reusable 1 MiB buffer, so it runs at hashlib speed without a new bytes
+    object per chunk. A file that shrinks while we read simply ends early (and its hash
+    then fails to match wherever it is compared); with mmap the same shrink killed the
+    whole process with SIGBUS, and landed files are written by programs we do not own.
+    """
+    digest = hashlib.sha256()
+    size = 0
+    buffer = bytearray(CHUNK_BYTES)
+    view = memoryview(buffer)
+    while n := stream.readinto(buffer):
+        digest.update(view[:n])
+        size += n
+    return digest.hexdigest(), size
+
+
 def sha256_file(path: str | Path) -> str:
-    """SHA-256 of a file's bytes, hashed straight from the page cache through mmap."""
-    with open(path, "rb") as handle:
-        if Path(path).stat().st_size == 0:
-            return hashlib.sha256(b"").hexdigest()
-        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            return hashlib.sha256(mapped).hexdigest()
+    """SHA-256 of a file's bytes, as read (never what stat claims its size is)."""
+    with open(path, "rb", buffering=0) as handle:
+        return sha256_stream(handle)[0]
 
 
 class ColumnHasher:

@@ -34,7 +34,7 @@ from aieng_core.data.contract import validate_batch
 from aieng_core.data.cleaning import clean_text
 from aieng_core.data.demo_data import corpus, land_demo_data
 from aieng_core.data.raw_documents import build_raw_documents
-from aieng_core.data.readers import read_jsonl
+from aieng_core.data.readers import LandedFile, ReadLimits
 from aieng_core.data.tables import CLEAN_FILE, iter_batches
 from aieng_core.hashing import ColumnHasher, sha256_file
 from aieng_core.store import ArtifactStore
@@ -131,7 +131,7 @@ def bench_clean_validate(path: Path, batch_rows: int, data_config) -> dict[str, 
     """Three ways over the same parsed records, interleaved so machine load hits all alike:
     ours (batched contract), the same cleaner validating row by row with a pydantic model,
     and the seeds' loop (a model per row, cleaning in a validator, no de-duplication)."""
-    records = list(read_jsonl(lambda: open(path, "rb"), path.name))
+    records = list(LandedFile(path, path.name, ReadLimits.from_config(data_config)).records())
     text_bytes = sum(len(r.fields["text"].encode("utf-8")) for r in records if r.fields)
 
     def cleaner_run(validate) -> Callable[[], None]:

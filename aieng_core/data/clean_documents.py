@@ -1,9 +1,11 @@
 """clean_documents: the data contract, cleaning and quarantine for one day, streamed.
 
-Records flow through in batches of `data.batch_rows`: read -> validate (contract.py) ->
-clean (cleaning.py) -> length bounds -> de-duplication -> clean.parquet or
-quarantine.parquet. Memory stays bounded by the batch size plus the sets of ids and text
-digests seen so far. Every record read is written to exactly one of the two files.
+Records flow through in batches of `data.batch_rows` rows and `data.batch_bytes` bytes:
+read (readers.py) -> validate (contract.py) -> clean (cleaning.py) -> length bounds ->
+de-duplication -> clean.parquet or quarantine.parquet. Memory stays bounded by the batch
+plus the sets of ids and text digests seen so far. Every record read is written to exactly
+one of the two files, and each landed file's records are counted a second way, without the
+parsers (record_count.py), so that the blocking check can catch a reader that loses rows.
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ import pyarrow as pa
 from aieng_core import asset_keys
 from aieng_core.config import AiengConfig, DataConfig
 from aieng_core.data import reasons
-from aieng_core.data.cleaning import clean_text
+from aieng_core.data.cleaning import ExcessiveCombiningMarks, clean_text, is_blank
 from aieng_core.data.contract import validate_batch
 from aieng_core.data.raw_documents import KIND as RAW_KIND
 from aieng_core.data.raw_documents import snapshot_files
-from aieng_core.data.readers import RawRecord, read_records
+from aieng_core.data.readers import LandedFile, RawRecord, ReadLimits
 from aieng_core.data.tables import (
     CLEAN_FILE,
     CLEAN_SCHEMA,
@@ -38,14 +40,27 @@ from aieng_core.progress import Progress
 from aieng_core.store import Artifact, ArtifactSpec, ArtifactStore, Produced, RunInfo
 
 KIND = asset_keys.CLEAN_DOCUMENTS
-CODE_VERSION = "clean_documents-v1"
+CODE_VERSION = "clean_documents-v2"
+# Text over this many times max_chars is too_long before any cleaning or Unicode work, which
+# bounds the cost of NFC. The margin leaves room for what cleaning removes (NFC composes at
+# most 4 code points into 1; collapsed whitespace and control characters); text that needs
+# more than a 4x reduction to fit is junk for training anyway.
+NFC_MAX_SHRINK = 4
 
 log = logging.getLogger("aieng.data")
 
 
-def _batches(records: Iterable[RawRecord], size: int) -> Iterator[list[RawRecord]]:
-    iterator = iter(records)
-    while batch := list(islice(iterator, size)):
+def _batches(records: Iterable[RawRecord], rows: int, max_bytes: int) -> Iterator[list[RawRecord]]:
+    """Batches of at most `rows` records and (beyond the first record) `max_bytes` raw bytes."""
+    batch: list[RawRecord] = []
+    size = 0
+    for record in records:
+        if batch and (len(batch) >= rows or size + len(record.raw) > max_bytes):
+            yield batch
+            batch, size = [], 0
+        batch.append(record)
+        size += len(record.raw)
+    if batch:
         yield batch
 
 
@@ -104,9 +119,17 @@ class PartitionCleaner:
             if (unencodable := _unencodable_metadata(result)) is not None:
                 reject(record, reasons.UNDECODABLE, f"{unencodable} holds a lone surrogate, not valid Unicode")
                 continue
-            text = clean_text(result["text"])
-            if not text:
-                reject(record, reasons.EMPTY_TEXT, "text is empty or whitespace-only after cleaning")
+            if len(result["text"]) > NFC_MAX_SHRINK * self.config.max_chars:
+                # Rejected before any Unicode work: nothing can bring it within max_chars.
+                reject(record, reasons.TOO_LONG, f"{len(result['text'])} characters before cleaning, over {NFC_MAX_SHRINK} x max_chars ({self.config.max_chars})")
+                continue
+            try:
+                text = clean_text(result["text"])
+            except ExcessiveCombiningMarks as exc:
+                reject(record, reasons.EXCESSIVE_COMBINING_MARKS, str(exc))
+                continue
+            if not text or is_blank(text):
+                reject(record, reasons.EMPTY_TEXT, "text is empty, or only whitespace and invisible characters, after cleaning")
                 continue
             length = len(text)
             if length < self.config.min_chars:
@@ -155,15 +178,26 @@ class PartitionCleaner:
 def clean_partition(files: list[tuple[str, Path]], config: DataConfig, out_dir: Path, logger: Any = log, label: str = KIND) -> Produced:
     """Stream `files` (name, path) through the cleaner into out_dir/{clean,quarantine}.parquet."""
     cleaner = PartitionCleaner(config)
+    limits = ReadLimits.from_config(config)
     # Provenance columns stay out of the content hash: renaming a landed file changes no data.
     clean_hash = ColumnHasher(["id", "text", "source", "lang", "created_at"])
     quarantine_hash = ColumnHasher(["source_file", "line", "reason", "raw"])
     progress = Progress(logger, label)
-    records = (record for name, path in files for record in read_records(path, name, config.batch_rows))
+    tallies: list[dict[str, Any]] = []
+
+    def records() -> Iterator[RawRecord]:
+        for name, path in files:
+            landed = LandedFile(path, name, limits)
+            yield from landed.records()
+            tally = {"name": name, **landed.tally()}
+            if tally["expected"] != tally["read"]:
+                logger.error(f"{label}: {name}: read {tally['read']} records but the file holds {tally['expected']} ({tally['count_source']})")
+            tallies.append(tally)
+
     with parquet_writer(out_dir / CLEAN_FILE, CLEAN_SCHEMA) as clean_out, parquet_writer(
         out_dir / QUARANTINE_FILE, QUARANTINE_SCHEMA
     ) as quarantine_out:
-        for batch in _batches(records, config.batch_rows):
+        for batch in _batches(records(), config.batch_rows, config.batch_bytes):
             clean, quarantine = cleaner.process(batch)
             if clean["id"]:
                 clean_batch = pa.RecordBatch.from_pydict(clean, schema=CLEAN_SCHEMA)
@@ -174,7 +208,7 @@ def clean_partition(files: list[tuple[str, Path]], config: DataConfig, out_dir: 
                 quarantine_hash.update(quarantine_batch)
                 quarantine_out.write_batch(quarantine_batch)
             progress.update(f"{cleaner.rows_in} rows read, {cleaner.rows_clean} clean")
-    metrics = cleaner.metrics()
+    metrics = {**cleaner.metrics(), "rows_expected": sum(t["expected"] for t in tallies), "files": tallies}
     progress.update(f"{metrics['rows_in']} rows: {metrics['rows_clean']} clean, {metrics['rows_quarantined']} quarantined", force=True)
     return Produced(
         content_sha256=sha256_json({"clean": clean_hash.hexdigest(), "quarantine": quarantine_hash.hexdigest()}),
@@ -199,16 +233,27 @@ def build_clean_documents(
 
 
 def row_accounting(artifact: Artifact) -> dict[str, Any]:
-    """Counts the rows actually written and compares them with the rows read.
-
-    Reads the Parquet footers, not the manifest's own claims, so a lost row shows up.
-    """
-    rows_in = artifact.metrics["rows_in"]
+    """Compares three counts that come from different places: the records each landed file
+    holds (counted without the parsers), the records the readers produced, and the rows
+    actually written (from the Parquet footers, not the manifest's own claims)."""
+    metrics = artifact.metrics
+    rows_in = metrics["rows_in"]
+    rows_expected = metrics.get("rows_expected")
     rows_clean = num_rows(artifact.file(CLEAN_FILE))
     rows_quarantined = num_rows(artifact.file(QUARANTINE_FILE))
+    files_off = [f for f in metrics.get("files", []) if f["expected"] != f["read"]]
+    problems = [f"{f['name']}: read {f['read']} records, the file holds {f['expected']} ({f['count_source']})" for f in files_off]
+    if rows_expected is None:
+        problems.append("no independent record count in the manifest (built by an older code version)")
+    elif rows_expected != rows_clean + rows_quarantined:
+        problems.append(f"{rows_expected} records landed but {rows_clean} clean + {rows_quarantined} quarantined were written")
+    if rows_in != rows_clean + rows_quarantined:
+        problems.append(f"{rows_in} records read but {rows_clean} clean + {rows_quarantined} quarantined were written")
     return {
-        "passed": rows_in == rows_clean + rows_quarantined,
+        "passed": not problems,
+        "rows_expected": rows_expected,
         "rows_in": rows_in,
         "rows_clean": rows_clean,
         "rows_quarantined": rows_quarantined,
+        "problems": problems,
     }

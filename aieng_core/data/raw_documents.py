@@ -3,21 +3,29 @@
 The landed files are copied byte for byte into the artifact, so what was cleaned can
 always be traced to, and re-read from, exactly the bytes that arrived, even if someone
 later edits or deletes the landing folder.
+
+The landing folder is written by programs we do not own, so it is read defensively:
+only regular files are snapshotted (a symbolic link, to a file or a folder, is never
+followed: it is listed in `ignored_files` instead), and a file whose name is not valid
+UTF-8 is still snapshotted, under a name with each invalid byte written as %XX.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import re
+import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from aieng_core import asset_keys
 from aieng_core.config import AiengConfig
-from aieng_core.hashing import CHUNK_BYTES, sha256_file, sha256_json
+from aieng_core.hashing import CHUNK_BYTES, sha256_json, sha256_stream
 from aieng_core.home import raw_partition_dir
 from aieng_core.data.readers import DATA_SUFFIXES, is_data_file
-from aieng_core.store import Artifact, ArtifactSpec, ArtifactStore, Produced, RunInfo
+from aieng_core.store import Artifact, ArtifactIntegrityError, ArtifactSpec, ArtifactStore, Produced, RunInfo
 
 KIND = asset_keys.RAW_DOCUMENTS
 CODE_VERSION = "raw_documents-v1"
@@ -25,42 +33,99 @@ FILES_DIR = "files"
 
 log = logging.getLogger("aieng.data")
 
+# Python hands back each byte of a name that is not valid UTF-8 as a lone surrogate
+# U+DC80..U+DCFF (the "surrogateescape" error handler).
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
+
 
 class MissingPartitionData(FileNotFoundError):
     """The landing folder of a partition is missing or holds no data files."""
 
 
+def readable(name: str | os.PathLike) -> str:
+    """A file name or path as valid UTF-8 text that still says exactly which bytes it was:
+    a backslash is written as two backslashes and each byte that is not valid UTF-8 as
+    \\xNN. Names that are valid UTF-8 and hold no backslash come out unchanged."""
+    text = os.fsencode(name).decode("utf-8", "surrogateescape")
+    return _ESCAPED_BYTE.sub(lambda m: f"\\x{ord(m.group()) - 0xDC00:02x}", text.replace("\\", "\\\\"))
+
+
+def snapshot_names(files: list[Path]) -> list[str]:
+    """The name each landed file gets inside the snapshot, valid UTF-8 and unique.
+
+    A valid name is kept as it is. In any other name each invalid byte becomes %XX
+    (b"caf\\xe9.jsonl" -> "caf%E9.jsonl"); if that is already taken, by a file landed under
+    that very name or by another escaped one, "~2", "~3", ... goes before the data suffix.
+    """
+    names = [os.fsencode(p.name).decode("utf-8", "surrogateescape") for p in files]
+    taken = {name for name in names if not _ESCAPED_BYTE.search(name)}
+    chosen = []
+    for name in names:
+        if not _ESCAPED_BYTE.search(name):
+            chosen.append(name)
+            continue
+        escaped = _ESCAPED_BYTE.sub(lambda m: f"%{ord(m.group()) - 0xDC00:02X}", name)
+        suffix = max((s for s in DATA_SUFFIXES if escaped.endswith(s)), key=len, default="")
+        stem, candidate, n = escaped[: len(escaped) - len(suffix)], escaped, 1
+        while candidate in taken:
+            n += 1
+            candidate = f"{stem}~{n}{suffix}"
+        taken.add(candidate)
+        chosen.append(candidate)
+    return chosen
+
+
 def landed_files(home: Path, partition: str) -> tuple[list[Path], list[str]]:
-    """The data files of a partition, sorted by name, and the names of files ignored."""
+    """The data files of a partition, sorted by name, and the (readable) names of the
+    entries ignored. Only regular files count: lstat, so a link is never followed."""
     folder = raw_partition_dir(home, partition)
     if not folder.is_dir():
         raise MissingPartitionData(f"raw partition folder {folder} does not exist; land {', '.join('*' + s for s in DATA_SUFFIXES)} files there")
     entries = sorted(folder.iterdir())
-    data = [p for p in entries if p.is_file() and is_data_file(p.name)]
-    ignored = [p.name for p in entries if p not in data]
+    data = [p for p in entries if stat.S_ISREG(p.lstat().st_mode) and is_data_file(p.name)]
+    ignored = [readable(p.name) for p in entries if p not in data]
     if not data:
         raise MissingPartitionData(f"raw partition folder {folder} holds no data files ({', '.join('*' + s for s in DATA_SUFFIXES)})")
     return data, ignored
 
 
+def _open_landed(path: Path) -> BinaryIO:
+    """Open a listed landed file, refusing it if it has since become a symbolic link
+    (O_NOFOLLOW) or anything but a regular file (O_NONBLOCK: opening a FIFO must not hang)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise RuntimeError(f"{readable(path)} could not be opened ({exc.strerror}); retry once landing is complete") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise RuntimeError(f"{readable(path)} is no longer a regular file; retry once landing is complete")
+    return os.fdopen(fd, "rb", buffering=0)
+
+
 def _copy_verified(source: Path, target: Path, expected_sha256: str) -> None:
     digest = hashlib.sha256()
-    with open(source, "rb") as reader, open(target, "wb") as writer:
+    with _open_landed(source) as reader, open(target, "wb") as writer:
         while chunk := reader.read(CHUNK_BYTES):
             digest.update(chunk)
             writer.write(chunk)
     if digest.hexdigest() != expected_sha256:
-        raise RuntimeError(f"{source} changed while it was being read; retry once landing is complete")
+        raise RuntimeError(f"{readable(source)} changed while it was being read; retry once landing is complete")
 
 
 def build_raw_documents(
     store: ArtifactStore, config: AiengConfig, partition: str, run: RunInfo = RunInfo(), logger: Any = log
 ) -> Artifact:
     files, ignored = landed_files(store.home, partition)
-    sources = [{"name": p.name, "path": str(p), "size": p.stat().st_size, "sha256": sha256_file(p)} for p in files]
-    identity = [{"name": s["name"], "size": s["size"], "sha256": s["sha256"]} for s in sources]
+    sources = []
+    for path, name in zip(files, snapshot_names(files)):
+        with _open_landed(path) as handle:
+            sha256, size = sha256_stream(handle)  # size and hash of the same read
+        sources.append({"name": name, "landed_name": readable(path.name), "path": path, "size": size, "sha256": sha256})
+    # The landed name, not the path: the same bytes under the same names are the same
+    # snapshot wherever $AIENG_HOME is.
+    identity = [{"name": s["landed_name"], "size": s["size"], "sha256": s["sha256"]} for s in sources]
     if ignored:
-        logger.warning(f"raw_documents {partition}: ignoring files that are not data files: {', '.join(ignored)}")
+        logger.warning(f"raw_documents {partition}: ignoring entries that are not regular data files: {', '.join(ignored)}")
     spec = ArtifactSpec(
         kind=KIND,
         code_version=CODE_VERSION,
@@ -72,12 +137,13 @@ def build_raw_documents(
     def produce(staging: Path) -> Produced:
         (staging / FILES_DIR).mkdir()
         for source in sources:
-            _copy_verified(Path(source["path"]), staging / FILES_DIR / source["name"], source["sha256"])
+            _copy_verified(source["path"], staging / FILES_DIR / source["name"], source["sha256"])
         return Produced(
             content_sha256=sha256_json(identity),
             metrics={"files": len(sources), "bytes": sum(s["size"] for s in sources)},
             extra={
-                "sources": [{"path": s["path"], "size": s["size"], "sha256": s["sha256"]} for s in sources],
+                # path: where it landed, written by readable(); name: its file under files/.
+                "sources": [{"path": readable(s["path"]), "name": s["name"], "size": s["size"], "sha256": s["sha256"]} for s in sources],
                 "ignored_files": ignored,
             },
         )
@@ -86,6 +152,14 @@ def build_raw_documents(
 
 
 def snapshot_files(artifact: Artifact) -> list[tuple[str, Path]]:
-    """(name, path) of every file in a raw_documents artifact, in processing order."""
-    names = sorted(Path(source["path"]).name for source in artifact.manifest["sources"])
+    """(name, path) of every file in a raw_documents artifact, in processing order.
+
+    Names are valid UTF-8. Snapshots made before sources recorded a "name" stored each
+    file under its landed name.
+    """
+    names = sorted(source.get("name") or Path(source["path"]).name for source in artifact.manifest["sources"])
+    for name in names:
+        # A hand-edited manifest must not make us read outside the snapshot.
+        if "/" in name or "\\" in name or "\x00" in name or name in (".", ".."):
+            raise ArtifactIntegrityError(f"raw_documents artifact {artifact.id} lists an invalid file name {name!r}")
     return [(name, artifact.path / FILES_DIR / name) for name in names]

@@ -1,248 +1,512 @@
 """Reading landed files into raw records, one record per input row, streaming.
 
-Every row that goes in comes out as exactly one RawRecord: either with its parsed fields,
-or with the quarantine reason that stopped it. That one-to-one rule is what makes
-`rows_in == rows_clean + rows_quarantined` checkable downstream.
+Every record that goes in comes out as exactly one RawRecord: either with its parsed
+contract fields, or with the quarantine reason that stopped it. A reader error costs only
+the records it cannot read: a bad line, cell, page or gzip member is quarantined with its
+line, row or byte range, and reading goes on after it. `LandedFile.tally()` compares the
+records read with a count taken without the parsers (record_count.py), which is what makes
+`rows_in == rows_clean + rows_quarantined` mean something.
 
-JSONL is decoded line by line (one GBK line inside a UTF-8 file is recovered); CSV and
-Parquet are decoded per file, and a file that no single encoding fits is decoded row by row.
+Every bound is applied before the expensive work: a line over `data.max_record_bytes` is
+never held whole or parsed, decompression stops at `data.max_file_bytes`, and only the
+contract's fields are kept from a parsed record, so memory is bounded by configuration
+whatever the input.
 """
 
 from __future__ import annotations
 
-import codecs
 import csv
 import datetime as dt
-import gzip
-import io
 import json
-import sys
-import zlib
+import logging
+from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from aieng_core.data import reasons
-from aieng_core.data.decoding import bom_encoding, decode_strict, detect_stream_encoding, is_non_ascii_utf8
+from aieng_core.data.byte_source import ByteSource, Gap
+from aieng_core.data.decoding import DEFAULT_FALLBACK_ENCODINGS, Decoded, bom_encoding, decode_unit
+from aieng_core.data.lines import KEEP_BYTES, Layout, Line, LineGap, is_blank, split_lines
+from aieng_core.data.record_count import count_lines, parquet_footer_rows
 
 DATA_SUFFIXES = (".jsonl", ".jsonl.gz", ".csv", ".csv.gz", ".parquet")
+CONTRACT_FIELDS = ("id", "text", "source", "lang", "created_at")
 
-csv.field_size_limit(min(sys.maxsize, 2**31 - 1))  # long documents are too_long, not a csv.Error
+log = logging.getLogger("aieng.data")
 
 
 class RawRecord(NamedTuple):
     source_file: str  # name inside the partition folder
     line: int  # 1-based line (JSONL, CSV) or row (Parquet) number; 0 for a whole-file failure
-    raw: bytes  # the row as read, kept for quarantine
-    fields: dict[str, Any] | None  # the parsed record, when it could be read
+    raw: bytes  # the row as read (at most its first 4 KiB when too large), kept for quarantine
+    fields: dict[str, Any] | None  # the parsed contract fields, when the record could be read
     reason: str | None = None  # why it could not be read
     detail: str | None = None
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    max_record_bytes: int = 8 << 20
+    max_file_bytes: int = 16 << 30
+    batch_rows: int = 4096
+    fallback_encodings: tuple[str, ...] = DEFAULT_FALLBACK_ENCODINGS
+
+    @classmethod
+    def from_config(cls, data: Any) -> "ReadLimits":
+        return cls(data.max_record_bytes, data.max_file_bytes, data.batch_rows, tuple(data.fallback_encodings))
 
 
 def is_data_file(name: str) -> bool:
     return not name.startswith(".") and name.endswith(DATA_SUFFIXES)
 
 
-def _opener(path: Path) -> Callable[[], io.BufferedIOBase]:
-    if path.name.endswith(".gz"):
-        return lambda: gzip.open(path, "rb")
-    return lambda: open(path, "rb")
-
-
-def read_records(path: Path, name: str, batch_rows: int = 4096) -> Iterator[RawRecord]:
+def read_records(path: Path, name: str, limits: ReadLimits = ReadLimits()) -> Iterator[RawRecord]:
     """All records of one landed file, by its suffix."""
-    if name.endswith((".jsonl", ".jsonl.gz")):
-        return _guarded(read_jsonl(_opener(path), name), name)
-    if name.endswith((".csv", ".csv.gz")):
-        return _guarded(read_csv(_opener(path), name), name)
-    if name.endswith(".parquet"):
-        return read_parquet(path, name, batch_rows)
-    raise ValueError(f"{name}: not a data file (expected one of {', '.join(DATA_SUFFIXES)})")
+    return LandedFile(path, name, limits).records()
 
 
-def _guarded(records: Iterator[RawRecord], name: str) -> Iterator[RawRecord]:
-    """Keeps the rows read before a file turns out unreadable (corrupt or truncated gzip,
-    I/O error), and records the rest of the file as one malformed_row, instead of failing
-    the whole partition."""
-    line = 0
+class LandedFile:
+    """One landed file: its records, and how many it should have produced."""
+
+    def __init__(self, path: Path, name: str, limits: ReadLimits = ReadLimits()) -> None:
+        if not name.endswith(DATA_SUFFIXES):
+            raise ValueError(f"{name}: not a data file (expected one of {', '.join(DATA_SUFFIXES)})")
+        self.path, self.name, self.limits = Path(path), name, limits
+        self.source = ByteSource(self.path, limits.max_file_bytes)
+        self.read = 0
+        self.lines_consumed = 0  # CSV: physical lines the reader went through
+
+    def records(self) -> Iterator[RawRecord]:
+        if self.name.endswith(".parquet"):
+            reader = read_parquet(self.path, self.name, self.limits)
+        elif self.name.endswith((".jsonl", ".jsonl.gz")):
+            reader = read_jsonl(self.source, self.name, self.limits)
+        else:
+            reader = read_csv(self.source, self.name, self.limits, self)
+        line = 0
+        try:
+            for record in reader:
+                self.read += 1
+                line = record.line
+                yield record
+        except Exception as exc:  # a reader bug must cost this file's rest, visibly, not the partition
+            log.error(f"{self.name}: reader failed after line {line}: {exc!r}")
+            self.read += 1
+            yield RawRecord(self.name, line + 1, b"", None, reasons.UNREADABLE, f"reader failed after line {line}: {exc!r}")
+
+    def tally(self) -> dict[str, Any]:
+        """Records read and records expected from a count that shares no parser with the reader."""
+        if self.name.endswith(".parquet"):
+            rows = parquet_footer_rows(self.path)
+            expected, source = (1, "no readable footer") if rows is None else (rows, "parquet footer")
+        else:
+            layout, _ = detect_layout(self.source)
+            count = count_lines(self.source.pieces(), layout, self.limits.max_record_bytes)
+            if self.name.endswith((".jsonl", ".jsonl.gz")):
+                expected, source = count.records + count.gaps, "non-blank lines"
+            elif not count.has_quote:
+                expected, source = max(count.records - 1, 0) + count.gaps, "non-blank lines after the header"
+            else:
+                # Quoted fields may span lines: every physical line must have been consumed.
+                expected, source = self.read + abs(count.lines - self.lines_consumed), "lines consumed"
+        return {"expected": expected, "read": self.read, "count_source": source}
+
+
+def detect_layout(source: ByteSource) -> tuple[Layout, str | None]:
+    """The newline layout of a line file, and the codec its byte-order mark fixes (if any)."""
+    head = b""
+    for piece in source.pieces():
+        if isinstance(piece, Gap):
+            break
+        head += piece[: 4 - len(head)]
+        if len(head) >= 4:
+            break
+    found = bom_encoding(head)
+    if found is None:
+        return Layout(), None
+    codec, skip = found
+    if codec == "utf-8":
+        return Layout(1, "little", skip), None
+    width = 4 if codec.startswith("utf-32") else 2
+    return Layout(width, "little" if codec.endswith("le") else "big", skip), codec
+
+
+def _decode(data: bytes, codec: str | None, limits: ReadLimits) -> Decoded:
+    if codec is None:
+        return decode_unit(data, limits.fallback_encodings)
     try:
-        for record in records:
-            line = record.line
-            yield record
-    except (OSError, EOFError, zlib.error) as exc:
-        yield RawRecord(name, line + 1, b"", None, reasons.MALFORMED_ROW, f"file unreadable from line {line + 1} on: {exc}")
+        return Decoded(data.decode(codec), codec)
+    except UnicodeDecodeError as exc:
+        return Decoded(None, reason=reasons.UNDECODABLE, detail=f"invalid {codec} (the byte-order mark's encoding): {exc.reason} at byte {exc.start}")
+
+
+def _too_large(name: str, number: int, line: Line, limits: ReadLimits, what: str = "line") -> RawRecord:
+    detail = f"{what} is {line.size} bytes, over data.max_record_bytes ({limits.max_record_bytes}); raw keeps its first {KEEP_BYTES} bytes"
+    return RawRecord(name, number, line.data, None, reasons.RECORD_TOO_LARGE, detail)
+
+
+def _unreadable(name: str, item: LineGap) -> RawRecord:
+    return RawRecord(name, item.number, item.partial, None, reasons.UNREADABLE, f"{item.gap.detail} (line numbers after it are counted from the readable data)")
 
 
 # ---- JSONL ------------------------------------------------------------------------------
-def _json_record(name: str, line: int, raw: bytes, text: str) -> RawRecord:
+class _JsonObject(dict):
+    """A parsed JSON object that remembers keys it was given more than once."""
+
+    repeated: frozenset[str] = frozenset()
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> _JsonObject:
+    value = _JsonObject(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        value.repeated = frozenset(key for key, _ in pairs if key in seen or seen.add(key))
+    return value
+
+
+def _long_int(digits: str) -> int | Decimal:
+    # Python refuses to parse integers over 4,300 digits; such a number in a field the
+    # contract ignores must not cost the row, and in a contract field it is wrong_type anyway.
+    return int(digits) if len(digits) <= 4000 else Decimal(digits)
+
+
+def _parse_json(text: str) -> Any:
     try:
-        value = json.loads(text)
+        return json.loads(text, object_pairs_hook=_json_object)
+    except ValueError as exc:
+        if "integer string conversion" not in str(exc):
+            raise
+        return json.loads(text, object_pairs_hook=_json_object, parse_int=_long_int)
+
+
+def json_record(name: str, line: int, raw: bytes, text: str) -> RawRecord:
+    try:
+        value = _parse_json(text)
+    except RecursionError:
+        return RawRecord(name, line, raw, None, reasons.MALFORMED_JSON, "JSON nested too deeply to parse")
     except ValueError as exc:
         return RawRecord(name, line, raw, None, reasons.MALFORMED_JSON, f"invalid JSON: {exc}")
     if not isinstance(value, dict):
         return RawRecord(name, line, raw, None, reasons.MALFORMED_ROW, f"expected a JSON object, got {type(value).__name__}")
-    return RawRecord(name, line, raw, value)
+    repeated = sorted(value.repeated.intersection(CONTRACT_FIELDS))
+    if repeated:
+        return RawRecord(name, line, raw, None, reasons.DUPLICATE_FIELD, f"key {', '.join(map(repr, repeated))} appears more than once")
+    # Keep only the contract's fields: a record with 100,000 other keys costs nothing after this.
+    return RawRecord(name, line, raw, {key: value[key] for key in CONTRACT_FIELDS if key in value})
 
 
-def read_jsonl(open_stream: Callable[[], io.BufferedIOBase], name: str) -> Iterator[RawRecord]:
-    """One record per non-blank line. Blank lines are not records."""
-    with open_stream() as stream:
-        encoding = bom_encoding(stream.read(4))
-    if encoding in ("utf-16", "utf-32"):
-        # Wide encodings cannot be split on b"\n"; decode the stream as a whole instead.
-        yield from _read_wide_jsonl(open_stream, name, encoding)
-        return
-    with open_stream() as stream:
-        for number, line in enumerate(stream, 1):
-            if number == 1 and line.startswith(codecs.BOM_UTF8):
-                line = line[len(codecs.BOM_UTF8) :]
-            raw = line.rstrip(b"\r\n")
-            if not raw.strip():
-                continue
-            decoded = decode_strict(raw)
-            if decoded is None:
-                yield RawRecord(name, number, raw, None, reasons.UNDECODABLE, "line is neither UTF-8 nor GB18030")
-                continue
-            yield _json_record(name, number, raw, decoded[0])
-
-
-def _read_wide_jsonl(open_stream, name: str, encoding: str) -> Iterator[RawRecord]:
-    number = 0
-    with open_stream() as stream:
-        text = io.TextIOWrapper(stream, encoding=encoding, errors="strict", newline="")
-        try:
-            for number, line in enumerate(text, 1):
-                body = line.rstrip("\r\n")
-                if body.strip():
-                    yield _json_record(name, number, body.encode("utf-8"), body)
-        except UnicodeDecodeError as exc:
-            yield RawRecord(name, number + 1, b"", None, reasons.UNDECODABLE, f"invalid {encoding} from line {number + 1} on: {exc}")
+def read_jsonl(source: ByteSource, name: str, limits: ReadLimits) -> Iterator[RawRecord]:
+    """One record per non-blank physical line."""
+    layout, codec = detect_layout(source)
+    for item in split_lines(source.pieces(), layout, limits.max_record_bytes):
+        if isinstance(item, LineGap):
+            yield _unreadable(name, item)
+            continue
+        if item.too_large:
+            yield _too_large(name, item.number, item, limits)
+            continue
+        if is_blank(item.data, layout):
+            continue
+        if item.suspect:
+            yield RawRecord(name, item.number, item.data, None, reasons.UNREADABLE, item.suspect)
+            continue
+        raw = item.data[:-1] if codec is None and item.data.endswith(b"\r") else item.data
+        decoded = _decode(raw, codec, limits)
+        if decoded.text is None:
+            yield RawRecord(name, item.number, raw, None, decoded.reason, decoded.detail)
+            continue
+        text = decoded.text if codec is None else decoded.text.removesuffix("\r")
+        yield json_record(name, item.number, raw if codec is None else text.encode("utf-8"), text)
 
 
 # ---- CSV --------------------------------------------------------------------------------
-def _csv_line(row: list[str]) -> str:
-    out = io.StringIO()
-    csv.writer(out, lineterminator="").writerow(row)
-    return out.getvalue()
+csv.field_size_limit(2**31 - 1)  # records are bounded by data.max_record_bytes before csv sees them
 
 
-def read_csv(open_stream: Callable[[], io.BufferedIOBase], name: str) -> Iterator[RawRecord]:
-    """One record per data row; the first row is the header naming the columns."""
-    encoding = detect_stream_encoding(open_stream)
-    with open_stream() as stream:
-        # latin-1 maps every byte to one character, so a file no single encoding fits can
-        # still be split into rows, and each row decoded on its own below.
-        text = io.TextIOWrapper(stream, encoding=encoding or "latin-1", errors="strict", newline="")
-        reader = csv.reader(text)
-        try:
-            header = next(reader)
-        except StopIteration:
-            return
-        except csv.Error as exc:
-            yield RawRecord(name, 1, b"", None, reasons.MALFORMED_ROW, f"unreadable CSV header: {exc}")
-            return
-        if encoding is None:
-            decoded_header = decode_strict(_csv_line(header).encode("latin-1"))
-            header = next(csv.reader([decoded_header[0]])) if decoded_header else header
-        header = [column.strip() for column in header]
-        header[0] = header[0].lstrip("\ufeff")  # a BOM survives the row-by-row path
-        start = reader.line_num + 1
-        while True:
-            try:
-                row = next(reader)
-            except StopIteration:
+class _StopRecord(Exception):
+    """Raised into the csv reader to abandon the record in progress."""
+
+    def __init__(self, reason: str, detail: str, gap: LineGap | None = None) -> None:
+        super().__init__(detail)
+        self.reason, self.detail, self.gap = reason, detail, gap
+
+
+def _as_utf8(line: bytes, codec: str | None) -> bytes:
+    """A consumed line as the quarantine keeps it: as landed, or re-encoded as UTF-8 when a
+    byte-order mark named a wide encoding."""
+    if codec is None:
+        return line[:-1] if line.endswith(b"\r") else line
+    try:
+        return line.decode(codec).removesuffix("\r").encode("utf-8")
+    except UnicodeDecodeError:
+        return line
+
+
+class _CsvLines:
+    """The decoded lines fed to Python's csv reader. Every line fed is attributed to the
+    record being read, which gives each record its raw bytes and lets the tally check that
+    every physical line was consumed. A line that cannot be fed (undecodable, too large, a
+    gap) raises _StopRecord into the csv reader, which drops the record in progress and
+    starts afresh on the next line."""
+
+    def __init__(self, source: ByteSource, limits: ReadLimits) -> None:
+        self.limits = limits
+        self.layout, self.codec = detect_layout(source)
+        self.items = split_lines(source.pieces(), self.layout, limits.max_record_bytes)
+        self.consumed: list[bytes] = []  # raw lines of the record in progress
+        self.consumed_bytes = 0
+        self.quotes = 0  # quote characters in the record so far: odd means inside a quoted field
+        self.first_line = 0
+        self.lines_seen = 0
+        self.pending: LineGap | None = None  # a gap met while skipping an oversized record
+
+    def __iter__(self) -> "_CsvLines":
+        return self
+
+    def __next__(self) -> str:
+        if self.pending is not None:
+            gap, self.pending = self.pending, None
+            raise _StopRecord(reasons.UNREADABLE, gap.gap.detail, gap)
+        item = next(self.items)  # StopIteration ends the csv reader
+        while isinstance(item, Line) and not self.consumed and not item.too_large and is_blank(item.data, self.layout):
+            self.lines_seen += 1  # a blank line between records is not a record, and csv never sees it
+            item = next(self.items)
+        if isinstance(item, LineGap):
+            raise _StopRecord(reasons.UNREADABLE, item.gap.detail, item)
+        self._consume(item)
+        if item.suspect and not is_blank(item.data, self.layout):
+            raise _StopRecord(reasons.UNREADABLE, f"line {item.number}: {item.suspect}")
+        if item.too_large or self.consumed_bytes > self.limits.max_record_bytes:
+            self._skip_rest_of_record()
+            raise _StopRecord(
+                reasons.RECORD_TOO_LARGE,
+                f"record from line {self.first_line} is {self.consumed_bytes} bytes, over data.max_record_bytes "
+                f"({self.limits.max_record_bytes}); raw keeps its start",
+            )
+        decoded = _decode(item.data, self.codec, self.limits)
+        if decoded.text is None:
+            raise _StopRecord(decoded.reason, f"line {item.number}: {decoded.detail}")
+        return decoded.text + "\n"
+
+    def _consume(self, item: Line) -> None:
+        self.lines_seen += 1
+        if not self.consumed:
+            self.first_line = item.number
+        if self.consumed_bytes <= self.limits.max_record_bytes:
+            self.consumed.append(item.data)
+        self.consumed_bytes += item.size
+        self.quotes += item.quotes
+
+    def _skip_rest_of_record(self) -> None:
+        """An oversized record ends where its quoted field closes (quotes inside a quoted
+        field are doubled, so an even count means outside), not at the next line: the
+        rest of a long quoted field must not be parsed as records."""
+        while self.quotes % 2:
+            item = next(self.items, None)
+            if item is None:
                 return
-            except csv.Error as exc:
-                yield RawRecord(name, start, b"", None, reasons.MALFORMED_ROW, f"unreadable CSV row: {exc}")
-                start = reader.line_num + 1
-                continue
-            number, start = start, reader.line_num + 1
-            if not row:
-                continue  # a blank line is not a record
-            line = _csv_line(row)
-            if encoding is None:
-                original = line.encode("latin-1")
-                decoded = decode_strict(original)
-                if decoded is None:
-                    yield RawRecord(name, number, original, None, reasons.UNDECODABLE, "row is neither UTF-8 nor GB18030")
-                    continue
-                line = decoded[0]
-                row = next(csv.reader([line]))
-            raw = line.encode("utf-8")
-            if len(row) != len(header):
-                yield RawRecord(name, number, raw, None, reasons.MALFORMED_ROW, f"row has {len(row)} fields, the header has {len(header)}")
-                continue
-            yield RawRecord(name, number, raw, dict(zip(header, row)))
+            if isinstance(item, LineGap):
+                self.pending = item
+                return
+            self._consume(item)
+
+    def take(self) -> tuple[int, int, bytes]:
+        """(first line, line count, raw bytes) of the record just read, and start the next."""
+        raw = b"\n".join(_as_utf8(line, self.codec) for line in self.consumed)
+        if self.consumed_bytes > self.limits.max_record_bytes:
+            raw = raw[:KEEP_BYTES]
+        taken = (self.first_line, len(self.consumed), raw)
+        self.consumed, self.consumed_bytes, self.quotes, self.first_line = [], 0, 0, 0
+        return taken
+
+
+def read_csv(source: ByteSource, name: str, limits: ReadLimits, landed: "LandedFile | None" = None) -> Iterator[RawRecord]:
+    """One record per data row; the first non-blank line is the header naming the columns.
+
+    Strict CSV: a field that starts with a quote must end with one (`1,"quoted" tail` is
+    malformed_row, not silently unquoted)."""
+    lines = _CsvLines(source, limits)
+    reader = csv.reader(lines, strict=True)
+    header: list[str] | None = None
+    header_problem: tuple[str, str] | None = None
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except _StopRecord as stop:
+            first, _, raw = lines.take()
+            if stop.gap is not None:
+                # The lines of a record that a gap cuts off go with the gap's record.
+                partial = raw + b"\n" + stop.gap.partial if raw else stop.gap.partial
+                yield RawRecord(name, first or stop.gap.number, partial, None, reasons.UNREADABLE, stop.detail)
+            elif header is None:
+                header, header_problem = [], (stop.reason, f"the CSV header (line {first}) cannot be read: {stop.detail}")
+            else:
+                yield RawRecord(name, first, raw, None, stop.reason, stop.detail)
+            continue
+        except csv.Error as exc:
+            first, _, raw = lines.take()
+            if header is None:
+                header, header_problem = [], (reasons.MALFORMED_ROW, f"the CSV header (line {first}) is malformed: {exc}")
+            else:
+                yield RawRecord(name, first, raw, None, reasons.MALFORMED_ROW, f"malformed CSV record: {exc}")
+            continue
+        first, count, raw = lines.take()
+        if not row or (count == 1 and not "".join(row).strip(" \t\r\x0b\x0c")):
+            continue  # a blank line is not a record
+        if header is None:
+            header = [cell.strip() for cell in row]
+            repeated = sorted({cell for cell in header if cell in CONTRACT_FIELDS and header.count(cell) > 1})
+            if repeated:
+                header_problem = (reasons.DUPLICATE_FIELD, f"column {', '.join(map(repr, repeated))} appears more than once in the header")
+            continue
+        if header_problem is not None:
+            yield RawRecord(name, first, raw, None, *header_problem)
+        elif len(row) != len(header):
+            yield RawRecord(name, first, raw, None, reasons.MALFORMED_ROW, f"row has {len(row)} fields, the header has {len(header)}")
+        else:
+            yield RawRecord(name, first, raw, {key: value for key, value in zip(header, row) if key in CONTRACT_FIELDS})
+    if landed is not None:
+        landed.lines_consumed = lines.lines_seen
 
 
 # ---- Parquet ----------------------------------------------------------------------------
-def _parquet_encoding(parquet: pq.ParquetFile, columns: list[str]) -> str | None:
-    """The one encoding all binary cells of the file decode with, or None (cell by cell).
+class Unconvertible:
+    """A cell that cannot become a Python value (a timestamp out of range, an unknown time
+    zone); the contract rejects it as wrong_type if it is in a contract field."""
 
-    Streams the cells once per question, so a large file is never held in memory."""
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
 
-    def cells() -> Iterator[bytes]:
-        for batch in parquet.iter_batches(columns=columns):
-            for column in batch.columns:
-                yield from (value for value in column.to_pylist() if value is not None)
+    def __repr__(self) -> str:
+        return f"<unconvertible: {self.problem}>"
 
-    def all_decode(encoding: str) -> bool:
+
+def _column_values(column: pa.Array, limits: ReadLimits) -> tuple[list[Any], list[Decoded | None]]:
+    """Python values of one column, and per cell the failed decode of a text cell (or None).
+    A cell that failed keeps its bytes as its value, for the quarantine's raw column."""
+    kind = column.type
+    if pa.types.is_dictionary(kind):
+        column, kind = column.dictionary_decode(), kind.value_type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind):
         try:
-            for value in cells():
-                value.decode(encoding)
-        except UnicodeDecodeError:
-            return False
-        return True
-
-    if all_decode("utf-8"):
-        return "utf-8"
-    if any(is_non_ascii_utf8(value) for value in cells()):
-        return None  # a mix of UTF-8 and GBK cells: decode each on its own
-    return "gb18030" if all_decode("gb18030") else None
-
-
-def _parquet_value(value: Any, encoding: str | None) -> Any:
-    if isinstance(value, bytes):
-        if encoding is not None:
-            return value.decode(encoding)
-        decoded = decode_strict(value)
-        if decoded is None:
-            raise UnicodeDecodeError("gb18030", value, 0, len(value), "neither UTF-8 nor GB18030")
-        return decoded[0]
-    if isinstance(value, (dt.datetime, dt.date)):
-        return value.isoformat()
-    return value
+            column.validate(full=True)  # valid UTF-8 throughout: the fast path
+            return column.to_pylist(), [None] * len(column)
+        except pa.ArrowInvalid:
+            # Writers that skip validation leave invalid UTF-8 in string columns; read the
+            # bytes and decode each cell, so one bad cell costs one row.
+            column = column.cast(pa.binary_view()) if pa.types.is_string_view(kind) else column.view(
+                pa.large_binary() if pa.types.is_large_string(kind) else pa.binary()
+            )
+            kind = column.type
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_binary_view(kind) or pa.types.is_fixed_size_binary(kind):
+        values: list[Any] = []
+        failures: list[Decoded | None] = []
+        for cell in column.to_pylist():
+            decoded = None if cell is None else decode_unit(cell, limits.fallback_encodings)
+            failed = decoded is not None and decoded.text is None
+            values.append(cell if failed else (decoded.text if decoded else None))
+            failures.append(decoded if failed else None)
+        return values, failures
+    try:
+        values = column.to_pylist()
+    except Exception:  # out-of-range dates, unknown time zones: convert cell by cell
+        values = []
+        for index in range(len(column)):
+            try:
+                values.append(column[index].as_py())
+            except Exception as exc:
+                values.append(Unconvertible(f"{kind}: {exc}"))
+    temporal = (dt.datetime, dt.date, dt.time)
+    return [value.isoformat() if isinstance(value, temporal) else value for value in values], [None] * len(column)
 
 
 def _raw_json(row: dict[str, Any]) -> bytes:
     def default(value: Any) -> str:
         return value.decode("latin-1") if isinstance(value, bytes) else str(value)
 
-    return json.dumps(row, ensure_ascii=False, default=default, sort_keys=True).encode("utf-8")
+    return json.dumps(row, ensure_ascii=False, default=default, sort_keys=True).encode("utf-8", "surrogatepass")[:KEEP_BYTES]
 
 
-def read_parquet(path: Path, name: str, batch_rows: int = 4096) -> Iterator[RawRecord]:
-    """One record per row, read in record batches."""
+def _row_bytes(batch: pa.RecordBatch) -> list[int]:
+    """Bytes of text and binary cells per row: the size a line-based record would have."""
+    total = [0] * batch.num_rows
+    for column in batch.columns:
+        kind = column.type.value_type if pa.types.is_dictionary(column.type) else column.type
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+            lengths = pc.binary_length(column.dictionary_decode() if pa.types.is_dictionary(column.type) else column)
+            total = [t + (n or 0) for t, n in zip(total, lengths.to_pylist())]
+    return total
+
+
+def _parquet_batch(batch: pa.RecordBatch, name: str, first_row: int, limits: ReadLimits) -> list[RawRecord]:
+    sizes = _row_bytes(batch)
+    if max(sizes, default=0) > limits.max_record_bytes:
+        # Oversized rows are rejected before any decoding or conversion to Python strings.
+        fits = [size <= limits.max_record_bytes for size in sizes]
+        read = iter(_parquet_batch(batch.filter(pa.array(fits)), name, first_row, limits) if any(fits) else [])
+        records = []
+        for offset, size in enumerate(sizes):
+            if fits[offset]:
+                records.append(next(read)._replace(line=first_row + offset))
+            else:
+                detail = f"row holds {size} bytes of text, over data.max_record_bytes ({limits.max_record_bytes})"
+                records.append(RawRecord(name, first_row + offset, b"", None, reasons.RECORD_TOO_LARGE, detail))
+        return records
+    columns = {field: _column_values(batch.column(index), limits) for index, field in enumerate(batch.schema.names)}
+    records = []
+    for offset in range(batch.num_rows):
+        fields = {field: values[offset] for field, (values, _) in columns.items()}
+        raw = _raw_json(fields)
+        failed = next(((field, failures[offset]) for field, (_, failures) in columns.items() if failures[offset]), None)
+        if failed is None:
+            records.append(RawRecord(name, first_row + offset, raw, fields))
+        else:
+            field, decoded = failed
+            records.append(RawRecord(name, first_row + offset, raw, None, decoded.reason, f"{field}: {decoded.detail}"))
+    return records
+
+
+def read_parquet(path: Path, name: str, limits: ReadLimits = ReadLimits()) -> Iterator[RawRecord]:
+    """One record per row, read row group by row group, contract columns only."""
     try:
-        parquet = pq.ParquetFile(path)
-    except (pa.ArrowException, OSError) as exc:
-        yield RawRecord(name, 0, b"", None, reasons.MALFORMED_ROW, f"not a readable Parquet file: {exc}")
+        # Page checksums, where the writer wrote them, turn silent page corruption into an error.
+        parquet = pq.ParquetFile(path, page_checksum_verification=True)
+        schema = parquet.schema_arrow
+    except Exception as exc:
+        yield RawRecord(name, 0, b"", None, reasons.UNREADABLE, f"not a readable Parquet file (no valid footer): {exc}")
         return
-    binary = [f.name for f in parquet.schema_arrow if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)]
-    encoding = _parquet_encoding(parquet, binary) if binary else "utf-8"
-    number = 0
-    try:
-        for batch in parquet.iter_batches(batch_size=batch_rows):
-            for row in batch.to_pylist():
-                number += 1
-                raw = _raw_json(row)
-                try:
-                    fields = {key: _parquet_value(value, encoding) for key, value in row.items()}
-                except UnicodeDecodeError:
-                    yield RawRecord(name, number, raw, None, reasons.UNDECODABLE, "a binary cell is neither UTF-8 nor GB18030")
-                    continue
-                yield RawRecord(name, number, raw, fields)
-    except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
-        yield RawRecord(name, number + 1, b"", None, reasons.MALFORMED_ROW, f"unreadable from row {number + 1} on: {exc}")
+    names = schema.names
+    repeated = sorted({field for field in CONTRACT_FIELDS if names.count(field) > 1})
+    columns = [field for field in CONTRACT_FIELDS if field in names]
+    row = 0
+    for group in range(parquet.num_row_groups):
+        group_rows = parquet.metadata.row_group(group).num_rows
+        done = 0
+        if repeated:
+            detail = f"column {', '.join(map(repr, repeated))} appears more than once in the schema"
+            for offset in range(group_rows):
+                yield RawRecord(name, row + offset + 1, b"", None, reasons.DUPLICATE_FIELD, detail)
+            row += group_rows
+            continue
+        if not columns:
+            for offset in range(group_rows):
+                yield RawRecord(name, row + offset + 1, b"{}", {})
+            row += group_rows
+            continue
+        try:
+            for batch in parquet.iter_batches(batch_size=limits.batch_rows, row_groups=[group], columns=columns, use_threads=False):
+                records = _parquet_batch(batch, name, row + done + 1, limits)
+                done += batch.num_rows
+                yield from records
+        except Exception as exc:  # a damaged page: the rest of this row group is lost, the next one is read
+            lost = f"row group {group} (rows {row + 1}-{row + group_rows}) unreadable from row {row + done + 1}: {exc}"
+            for offset in range(done, group_rows):
+                yield RawRecord(name, row + offset + 1, b"", None, reasons.UNREADABLE, lost)
+        row += group_rows

@@ -19,6 +19,7 @@ def partition_report(store: ArtifactStore, partition: str) -> dict[str, Any]:
     return {
         "partition": partition,
         "artifact_id": artifact.id,
+        "rows_expected": metrics.get("rows_expected"),
         "rows_in": metrics["rows_in"],
         "rows_clean": metrics["rows_clean"],
         "rows_quarantined": metrics["rows_quarantined"],
@@ -30,6 +31,7 @@ def partition_report(store: ArtifactStore, partition: str) -> dict[str, Any]:
 def format_report(report: dict[str, Any]) -> str:
     lines = [
         f"partition {report['partition']} (clean_documents {report['artifact_id']})",
+        f"  rows landed       {report['rows_expected'] if report['rows_expected'] is not None else '?':>9}  (counted without the parsers)",
         f"  rows in           {report['rows_in']:>9}",
         f"  rows clean        {report['rows_clean']:>9}",
         f"  rows quarantined  {report['rows_quarantined']:>9}",

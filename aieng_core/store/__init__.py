@@ -6,6 +6,7 @@ from aieng_core.store.artifacts import (
     ArtifactNotFound,
     ArtifactSpec,
     ArtifactStore,
+    InvalidArtifactName,
     Produced,
     RunInfo,
 )
@@ -16,6 +17,7 @@ __all__ = [
     "ArtifactNotFound",
     "ArtifactSpec",
     "ArtifactStore",
+    "InvalidArtifactName",
     "Produced",
     "RunInfo",
 ]

@@ -16,14 +16,16 @@ import datetime as dt
 import json
 import logging
 import os
+import re
+import stat
 import subprocess
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from aieng_core.hashing import canonical_json, sha256_file, sha256_json
-from aieng_core.store.atomic import atomic_directory, atomic_write_bytes, is_temporary
+from aieng_core.store.atomic import atomic_directory, atomic_write_bytes
 
 MANIFEST = "manifest.json"
 UNPARTITIONED = "_unpartitioned"
@@ -33,6 +35,73 @@ log = logging.getLogger("aieng.store")
 
 class ArtifactNotFound(LookupError):
     pass
+
+
+class InvalidArtifactName(ArtifactNotFound, ValueError):
+    """A kind, artifact id or partition that may not be used as a path component."""
+
+
+# Kinds, ids and partitions become path components, and ids come from ref files and
+# manifests that anyone can edit by hand: only plain names, so none can leave the store.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def validate_name(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value) or ".." in value:
+        raise InvalidArtifactName(f"invalid {what} {value!r}: expected letters, digits, '.', '_' or '-' (no '..'), at most 128")
+    return value
+
+
+def is_valid_name(value: str) -> bool:
+    return bool(NAME_PATTERN.fullmatch(value)) and ".." not in value
+
+
+def file_key_problem(key: Any) -> str | None:
+    """Why a manifest `files` key is not a plain relative path inside the artifact, or None.
+
+    Keys are checked as text before any path is built from them, so a hand-edited manifest
+    cannot make verify() read (or hash) anything outside the artifact directory.
+    """
+    if not isinstance(key, str) or not key:
+        return "is not a non-empty string"
+    if "\x00" in key or "\\" in key:
+        return "contains a NUL or a backslash"
+    if key.startswith("/"):
+        return "is an absolute path"
+    if any(part in ("", ".", "..") for part in key.split("/")):
+        return "has an empty, '.' or '..' component"
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid UTF-8"
+    return None
+
+
+def _listed_file_problem(root: Path, key: str) -> str | None:
+    """Why the listed (well-formed) key is not a regular file reached without links, or None."""
+    path = root
+    for part in key.split("/"):
+        path = path / part
+        try:
+            info = path.lstat()
+        except FileNotFoundError:
+            return "is missing"
+        except OSError as exc:
+            return f"cannot be examined ({exc.strerror})"
+        if stat.S_ISLNK(info.st_mode):
+            return "goes through a symbolic link"
+    if not stat.S_ISREG(info.st_mode):
+        return "is not a regular file"
+    return None
+
+
+def walk_tree(root: Path) -> Iterator[tuple[str, Path, os.stat_result]]:
+    """(relative posix path, path, lstat) of every entry under root, never following a
+    symbolic link (os.walk lists a linked directory but does not descend into it)."""
+    for directory, dirnames, filenames in os.walk(root):
+        for name in sorted(dirnames + filenames):
+            path = Path(directory) / name
+            yield path.relative_to(root).as_posix(), path, path.lstat()
 
 
 class ArtifactIntegrityError(RuntimeError):
@@ -143,9 +212,7 @@ class ArtifactStore:
 
     # ---- reading -------------------------------------------------------------------------
     def artifact_dir(self, kind: str, artifact_id: str) -> Path:
-        if not artifact_id or "/" in artifact_id or artifact_id.startswith("."):
-            raise ArtifactNotFound(f"invalid artifact id {artifact_id!r}")
-        return self.root / kind / artifact_id
+        return self.root / validate_name(kind, "artifact kind") / validate_name(artifact_id, "artifact id")
 
     def get(self, kind: str, artifact_id: str) -> Artifact:
         path = self.artifact_dir(kind, artifact_id)
@@ -160,31 +227,47 @@ class ArtifactStore:
 
     def find(self, artifact_id: str) -> Artifact:
         """Look an artifact up by id alone, whatever its kind."""
+        validate_name(artifact_id, "artifact id")
         if self.root.is_dir():
             for kind_dir in sorted(self.root.iterdir()):
-                if (kind_dir / artifact_id / MANIFEST).is_file():
+                if is_valid_name(kind_dir.name) and (kind_dir / artifact_id / MANIFEST).is_file():
                     return self.get(kind_dir.name, artifact_id)
         raise ArtifactNotFound(f"no artifact with id {artifact_id!r} under {self.root}")
 
     def list_ids(self, kind: str) -> list[str]:
-        kind_dir = self.root / kind
+        kind_dir = self.root / validate_name(kind, "artifact kind")
         if not kind_dir.is_dir():
             return []
-        return sorted(p.name for p in kind_dir.iterdir() if not p.name.startswith(".") and (p / MANIFEST).is_file())
+        # Moved-aside and in-progress directories start with "." and are not valid names.
+        return sorted(p.name for p in kind_dir.iterdir() if is_valid_name(p.name) and (p / MANIFEST).is_file())
 
     def verify(self, artifact: Artifact) -> list[str]:
-        """Re-hash every file against the manifest. Returns the problems, empty when intact."""
-        problems = []
+        """Re-hash every file against the manifest. Returns the problems, empty when intact.
+
+        Only regular files inside the artifact directory are ever read: a listed name that
+        could point elsewhere, and any symbolic link in the directory, is a problem itself.
+        """
+        root = artifact.path
+        if root.is_symlink():
+            return [f"{root}: the artifact directory is a symbolic link"]
         listed = artifact.manifest.get("files", {})
-        for relative, expected in sorted(listed.items()):
-            path = artifact.path / relative
-            if not path.is_file():
-                problems.append(f"{path}: missing")
-            elif sha256_file(path) != expected:
-                problems.append(f"{path}: sha256 does not match the manifest")
-        for path in sorted(artifact.path.rglob("*")):
-            relative = path.relative_to(artifact.path).as_posix()
-            if path.is_file() and relative != MANIFEST and relative not in listed:
+        if not isinstance(listed, dict):
+            return [f"{root}: manifest 'files' is not a mapping"]
+        problems = []
+        for key, expected in sorted(listed.items()):
+            why = file_key_problem(key)
+            if why is None:
+                why = _listed_file_problem(root, key)
+            if why is not None:
+                problems.append(f"{root}: manifest lists {key!r}, which {why}; not read")
+            elif sha256_file(root / key) != expected:
+                problems.append(f"{root / key}: sha256 does not match the manifest")
+        for relative, path, info in walk_tree(root):
+            if stat.S_ISLNK(info.st_mode):
+                problems.append(f"{path}: a symbolic link inside the artifact")
+            elif not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
+                problems.append(f"{path}: neither a regular file nor a directory")
+            elif stat.S_ISREG(info.st_mode) and relative != MANIFEST and relative not in listed:
                 problems.append(f"{path}: not listed in the manifest")
         return problems
 
@@ -196,7 +279,8 @@ class ArtifactStore:
 
     # ---- current pointers ---------------------------------------------------------------
     def _ref_path(self, kind: str, partition: str | None) -> Path:
-        return self.refs / kind / f"{partition or UNPARTITIONED}.json"
+        name = UNPARTITIONED if partition is None else validate_name(partition, "partition")
+        return self.refs / validate_name(kind, "artifact kind") / f"{name}.json"
 
     def set_current(self, artifact: Artifact) -> None:
         partition = artifact.manifest.get("partition")
@@ -209,7 +293,10 @@ class ArtifactStore:
             record = json.loads(ref.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return None
-        return self.get(kind, record["id"])
+        except (OSError, ValueError) as exc:
+            raise ArtifactIntegrityError(f"{ref}: unreadable ref: {exc}") from None
+        # get() validates the id: a hand-edited ref must not point outside the store.
+        return self.get(kind, record.get("id") if isinstance(record, dict) else None)
 
     def require_current(self, kind: str, partition: str | None = None) -> Artifact:
         artifact = self.current(kind, partition)
@@ -219,12 +306,11 @@ class ArtifactStore:
         return artifact
 
     def current_partitions(self, kind: str) -> list[str]:
-        kind_dir = self.refs / kind
+        kind_dir = self.refs / validate_name(kind, "artifact kind")
         if not kind_dir.is_dir():
             return []
-        return sorted(
-            p.stem for p in kind_dir.glob("*.json") if p.stem != UNPARTITIONED and not is_temporary(p.name)
-        )
+        # Temporary ref files and the unpartitioned ref start with "." or "_": not partitions.
+        return sorted(p.stem for p in kind_dir.glob("*.json") if is_valid_name(p.stem))
 
     # ---- writing -------------------------------------------------------------------------
     def build(
@@ -258,11 +344,15 @@ class ArtifactStore:
         try:
             with atomic_directory(target) as staging:
                 produced = produce(staging)
-                files = {
-                    path.relative_to(staging).as_posix(): sha256_file(path)
-                    for path in sorted(staging.rglob("*"))
-                    if path.is_file()
-                }
+                files = {}
+                for relative, path, info in walk_tree(staging):
+                    if stat.S_ISDIR(info.st_mode):
+                        continue
+                    # Anything verify() would reject later must fail now, not on every reuse.
+                    why = file_key_problem(relative) or (None if stat.S_ISREG(info.st_mode) else "is not a regular file")
+                    if why is not None:
+                        raise RuntimeError(f"{spec.kind} builder wrote {relative!r}, which {why}")
+                    files[relative] = sha256_file(path)
                 if MANIFEST in files:
                     raise RuntimeError(f"{spec.kind} builder must not write {MANIFEST} itself")
                 manifest = {

@@ -20,10 +20,11 @@ from aieng_core.data.tables import CLEAN_FILE, iter_batches
 from aieng_core.hashing import sha256_file, sha256_json
 from aieng_core.progress import Progress
 from aieng_core.store import Artifact, ArtifactNotFound, ArtifactSpec, ArtifactStore, Produced, RunInfo
-from aieng_core.tokenizer.bpe import TOKENIZER_FILES, capped, save_tokenizer_dir, train_bpe
+from aieng_core.tokenizer.bpe import TOKENIZER_FILES, capped, load_tokenizer, round_trip_misses, save_tokenizer_dir, train_bpe
 
 KIND = asset_keys.BPE_TOKENIZER
-CODE_VERSION = "bpe_tokenizer-v1"
+# v2: tokenizer_config.json sets split_special_tokens (special-token text in documents stays text).
+CODE_VERSION = "bpe_tokenizer-v2"
 
 log = logging.getLogger("aieng.tokenizer")
 
@@ -33,6 +34,36 @@ def clean_texts(artifacts: list[Artifact], batch_rows: int) -> Iterator[str]:
     for artifact in artifacts:
         for batch in iter_batches(artifact.file(CLEAN_FILE), columns=["text"], batch_rows=batch_rows):
             yield from batch.column(0).to_pylist()
+
+
+def round_trip_report(store: ArtifactStore, batch_rows: int, examples: int = 5) -> dict[str, Any]:
+    """Every clean row of every current clean_documents partition, encoded with the current
+    tokenizer as tokenized_documents encodes it, must decode back to itself without a single
+    special id (see round_trip_misses). Streams record batches, so memory stays bounded.
+
+    Returns passed, partitions, texts_checked, failures and up to `examples` failing rows
+    as "partition/id".
+    """
+    tokenizer = load_tokenizer(store.require_current(KIND).path)
+    partitions = store.current_partitions(CLEAN_KIND)
+    texts_checked = failures = 0
+    failing_ids: list[str] = []
+    for partition in partitions:
+        clean = store.require_current(CLEAN_KIND, partition)
+        for batch in iter_batches(clean.file(CLEAN_FILE), columns=["id", "text"], batch_rows=batch_rows):
+            texts = batch.column(1).to_pylist()
+            misses = round_trip_misses(tokenizer, texts)
+            texts_checked += len(texts)
+            failures += len(misses)
+            ids = batch.column(0)
+            failing_ids += [f"{partition}/{ids[i].as_py()}" for i in misses[: max(0, examples - len(failing_ids))]]
+    return {
+        "passed": texts_checked > 0 and failures == 0,
+        "partitions": partitions,
+        "texts_checked": texts_checked,
+        "failures": failures,
+        "failing_ids": failing_ids,
+    }
 
 
 def _pinned(store: ArtifactStore, config_sha256: str) -> Artifact | None:

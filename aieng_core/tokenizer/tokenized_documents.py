@@ -20,18 +20,31 @@ from aieng_core.data.tables import CLEAN_FILE, TOKENS_FILE, TOKENS_SCHEMA, iter_
 from aieng_core.hashing import ColumnHasher
 from aieng_core.progress import Progress
 from aieng_core.store import Artifact, ArtifactSpec, ArtifactStore, Produced, RunInfo
-from aieng_core.tokenizer.bpe import load_tokenizer, special_token_id
+from aieng_core.tokenizer.bpe import load_tokenizer, special_ids, special_token_id
 from aieng_core.tokenizer.bpe_tokenizer import KIND as TOKENIZER_KIND
 
 KIND = asset_keys.TOKENIZED_DOCUMENTS
-CODE_VERSION = "tokenized_documents-v1"
+# v2: special-token text inside a document is encoded as text, never as the EOS or pad id.
+CODE_VERSION = "tokenized_documents-v2"
 
 log = logging.getLogger("aieng.tokenizer")
+
+
+def refuse_stray_specials(flat: np.ndarray, offsets: np.ndarray, specials: np.ndarray, ids: list[str]) -> None:
+    """The only special id in a row may be the EOS we append at its end: one found anywhere
+    else would silently split or pad a document in training, so stop instead."""
+    stray = np.isin(flat, specials)
+    stray[offsets[1:] - 1] = False  # each row's last token, the appended EOS
+    if stray.any():
+        rows = np.unique(np.searchsorted(offsets, np.flatnonzero(stray), side="right") - 1)
+        named = ", ".join(repr(ids[row]) for row in rows[:5])
+        raise RuntimeError(f"special token ids inside the text of {len(rows)} documents ({named}); the tokenizer must encode document text as text")
 
 
 def tokenize_file(clean_path: Path, tokenizer_dir: Path, eos_token: str, out_path: Path, batch_rows: int, progress: Progress) -> Produced:
     tokenizer = load_tokenizer(tokenizer_dir)
     eos = np.array([special_token_id(tokenizer, eos_token)], dtype=np.int32)
+    specials = np.array(sorted(special_ids(tokenizer)), dtype=np.int32)
     hasher = ColumnHasher(["id", "input_ids"])
     rows = tokens = 0
     with parquet_writer(out_path, TOKENS_SCHEMA) as writer:
@@ -42,6 +55,7 @@ def tokenize_file(clean_path: Path, tokenizer_dir: Path, eos_token: str, out_pat
             lengths = np.array([len(a) for a in arrays], dtype=np.int64)
             flat = np.concatenate(arrays) if arrays else np.empty(0, dtype=np.int32)
             offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+            refuse_stray_specials(flat, offsets, specials, ids)
             tokens_batch = pa.RecordBatch.from_arrays(
                 [
                     pa.array(ids, type=pa.string()),

@@ -58,7 +58,9 @@ def clean_documents(context: dg.AssetExecutionContext, aieng: AiengResource) -> 
     def describe(artifact: Artifact) -> dict:
         metrics = artifact.metrics
         return {
+            "rows_expected": metrics["rows_expected"],
             "rows_in": metrics["rows_in"],
+            "files": table(metrics["files"], ["name", "expected", "read", "count_source"]),
             "rows_clean": metrics["rows_clean"],
             "rows_quarantined": metrics["rows_quarantined"],
             **{f"quarantined_{reason}": metrics["reasons"][reason] for reason in ALL_REASONS},

@@ -287,7 +287,7 @@ def test_build_from_landed_files(store: ArtifactStore, home: Path, tiny_config) 
     assert clean.manifest["partition"] == PARTITION and clean.id.startswith(PARTITION)
     assert clean.metrics["rows_in"] == 5 and clean.metrics["rows_clean"] == 2
     assert {k: v for k, v in clean.metrics["reasons"].items() if v} == {"too_short": 1, "malformed_json": 1, "duplicate_id": 1}
-    assert row_accounting(clean) == {"passed": True, "rows_in": 5, "rows_clean": 2, "rows_quarantined": 3}
+    assert row_accounting(clean) == {"passed": True, "rows_expected": 5, "rows_in": 5, "rows_clean": 2, "rows_quarantined": 3, "problems": []}
     assert [r["id"] for r in read_table(clean.file(CLEAN_FILE))] == ["good", "y"]
     assert [(r["source_file"], r["line"]) for r in read_table(clean.file(QUARANTINE_FILE))] == [("a.jsonl", 2), ("a.jsonl", 3), ("b.csv", 2)]
     assert store.current(CLEAN_KIND, PARTITION).id == clean.id
@@ -314,7 +314,33 @@ def test_row_accounting_counts_written_rows(store: ArtifactStore, home: Path, ti
     build_raw_documents(store, tiny_config, PARTITION)
     clean = build_clean_documents(store, tiny_config, PARTITION)
     lying = type(clean)(clean.kind, clean.id, clean.path, {**clean.manifest, "metrics": {**clean.metrics, "rows_in": 3}})
-    assert row_accounting(lying) == {"passed": False, "rows_in": 3, "rows_clean": 1, "rows_quarantined": 1}
+    assert row_accounting(lying) == {
+        "passed": False,
+        "rows_expected": 2,
+        "rows_in": 3,
+        "rows_clean": 1,
+        "rows_quarantined": 1,
+        "problems": ["3 records read but 1 clean + 1 quarantined were written"],
+    }
+
+
+def test_row_accounting_catches_a_reader_that_loses_rows(store: ArtifactStore, home: Path, tiny_config, monkeypatch) -> None:
+    """The conservation check must not trust the reader: rows that a buggy reader never
+    yields never enter rows_in, so only the independent count can notice them."""
+    from aieng_core.data import readers
+
+    land(home, PARTITION, "a.jsonl", jsonl(*({"id": f"r{i}", "text": f"document number {i} is here"} for i in range(10))))
+    build_raw_documents(store, tiny_config, PARTITION)
+    honest = readers.read_jsonl
+
+    def lossy(source, name, limits):
+        return (record for record in honest(source, name, limits) if record.line != 4)
+
+    monkeypatch.setattr(readers, "read_jsonl", lossy)
+    clean = build_clean_documents(store, tiny_config, PARTITION)
+    accounting = row_accounting(clean)
+    assert (accounting["passed"], accounting["rows_expected"], accounting["rows_in"]) == (False, 10, 9)
+    assert accounting["problems"][0] == "a.jsonl: read 9 records, the file holds 10 (non-blank lines)"
 
 
 # ---- the demo data: every planted row, and nothing else, in quarantine ------------------

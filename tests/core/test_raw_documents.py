@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
 from aieng_core.data.clean_documents import build_clean_documents
-from aieng_core.data.raw_documents import FILES_DIR, KIND, MissingPartitionData, build_raw_documents, landed_files, snapshot_files
+from aieng_core.data.raw_documents import (
+    FILES_DIR,
+    KIND,
+    MissingPartitionData,
+    build_raw_documents,
+    landed_files,
+    readable,
+    snapshot_files,
+    snapshot_names,
+)
 from aieng_core.hashing import sha256_bytes
 from aieng_core.home import parse_partition, raw_partition_dir
 from aieng_core.store import ArtifactStore
@@ -56,7 +66,7 @@ def test_sources_list_every_landed_file(store: ArtifactStore, home: Path, tiny_c
     artifact = build_raw_documents(store, tiny_config, PARTITION)
     folder = home / "raw" / PARTITION
     assert artifact.manifest["sources"] == [
-        {"path": str(folder / name), "size": len(contents[name]), "sha256": sha256_bytes(contents[name])}
+        {"path": str(folder / name), "name": name, "size": len(contents[name]), "sha256": sha256_bytes(contents[name])}
         for name in ("a.jsonl", "b.csv", "c.jsonl.gz")
     ]
     assert artifact.manifest["ignored_files"] == [".in-flight.jsonl.tmp-123", "notes.md"]
@@ -119,3 +129,81 @@ def test_partition_keys_must_be_dates(home: Path, bad: str) -> None:
         parse_partition(bad)
     with pytest.raises(ValueError):
         raw_partition_dir(home, bad)
+
+
+# ---- hostile landing folders ----------------------------------------------------------------
+
+
+def test_symlinks_and_special_files_are_never_followed(store: ArtifactStore, home: Path, tmp_path: Path, tiny_config) -> None:
+    land(home, PARTITION, "a.jsonl", jsonl(DOC))
+    folder = home / "raw" / PARTITION
+    secret = tmp_path / "elsewhere" / "secret.jsonl"
+    secret.parent.mkdir()
+    secret.write_bytes(jsonl({"id": "secret", "text": "Outside the landing folder entirely."}))
+    (folder / "link.jsonl").symlink_to(secret)
+    (folder / "dir.jsonl").symlink_to(secret.parent, target_is_directory=True)
+    (folder / "dangling.jsonl").symlink_to(tmp_path / "nowhere.jsonl")
+    os.mkfifo(folder / "pipe.jsonl")  # opening it to read would hang
+    artifact = build_raw_documents(store, tiny_config, PARTITION)
+    assert [source["name"] for source in artifact.manifest["sources"]] == ["a.jsonl"]
+    assert artifact.manifest["ignored_files"] == ["dangling.jsonl", "dir.jsonl", "link.jsonl", "pipe.jsonl"]
+    assert sorted(artifact.manifest["files"]) == [f"{FILES_DIR}/a.jsonl"]
+    assert store.verify(artifact) == []
+
+
+def test_a_folder_of_only_symlinks_holds_no_data(store: ArtifactStore, home: Path, tmp_path: Path, tiny_config) -> None:
+    target = tmp_path / "real.jsonl"
+    target.write_bytes(jsonl(DOC))
+    folder = home / "raw" / PARTITION
+    folder.mkdir(parents=True)
+    (folder / "a.jsonl").symlink_to(target)
+    with pytest.raises(MissingPartitionData, match="holds no data files"):
+        build_raw_documents(store, tiny_config, PARTITION)
+
+
+def land_bytes_name(home: Path, partition: str, name: bytes, data: bytes) -> None:
+    """Land a file whose name is raw bytes, as a program writing non-UTF-8 names would."""
+    folder = home / "raw" / partition
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(os.path.join(os.fsencode(folder), name), "wb") as handle:
+        handle.write(data)
+
+
+def test_a_name_that_is_not_utf8_is_snapshotted_and_read(store: ArtifactStore, home: Path, tiny_config) -> None:
+    latin1 = {"id": "latin1-name", "text": "Landed under a Latin-1 file name."}
+    taken = {"id": "percent-name", "text": "Landed under the name the escape would pick."}
+    land_bytes_name(home, PARTITION, b"caf\xe9.jsonl", jsonl(latin1))
+    land_bytes_name(home, PARTITION, b"caf%E9.jsonl", jsonl(taken))
+    land_bytes_name(home, PARTITION, b"\xff\xfe.jsonl.gz", b"\x1f\x8b not really gzip")
+    land_bytes_name(home, PARTITION, b"notes\xe9.md", b"ignored")
+    artifact = build_raw_documents(store, tiny_config, PARTITION)
+    folder = str(home / "raw" / PARTITION)
+    sources = {source["path"]: source["name"] for source in artifact.manifest["sources"]}
+    assert sources == {
+        f"{folder}/caf\\xe9.jsonl": "caf%E9~2.jsonl",  # "caf%E9.jsonl" is taken by a landed file
+        f"{folder}/caf%E9.jsonl": "caf%E9.jsonl",
+        f"{folder}/\\xff\\xfe.jsonl.gz": "%FF%FE.jsonl.gz",
+    }
+    assert artifact.manifest["ignored_files"] == ["notes\\xe9.md"]
+    json.loads((artifact.path / "manifest.json").read_text(encoding="utf-8"))  # valid UTF-8 JSON
+    files = snapshot_files(artifact)
+    assert [name for name, _ in files] == ["%FF%FE.jsonl.gz", "caf%E9.jsonl", "caf%E9~2.jsonl"]
+    assert (artifact.path / FILES_DIR / "caf%E9~2.jsonl").read_bytes() == jsonl(latin1)
+    assert store.verify(artifact) == []
+    assert build_raw_documents(store, tiny_config, PARTITION).reused
+
+    clean = build_clean_documents(store, tiny_config, PARTITION)
+    rows = {row["id"]: row["source_file"] for row in read_table(clean.file("clean.parquet"))}
+    assert rows == {"latin1-name": "caf%E9~2.jsonl", "percent-name": "caf%E9.jsonl"}
+
+
+def test_readable_names_are_unambiguous() -> None:
+    assert readable("plain name.jsonl") == "plain name.jsonl"
+    assert readable(os.fsdecode(b"caf\xe9.jsonl")) == "caf\\xe9.jsonl"
+    assert readable("caf\\xe9.jsonl") == "caf\\\\xe9.jsonl"  # a literal backslash is not an escape
+    assert readable(Path(os.fsdecode(b"/raw/\xff/a.csv"))) == "/raw/\\xff/a.csv"
+
+
+def test_snapshot_names_stay_unique() -> None:
+    landed = [Path(os.fsdecode(name)) for name in (b"a\xe9.csv", b"a\xe9\xe9.csv", b"a%E9.csv", b"a%E9~2.csv", b"b\xe9.csv.gz")]
+    assert snapshot_names(landed) == ["a%E9~3.csv", "a%E9%E9.csv", "a%E9.csv", "a%E9~2.csv", "b%E9.csv.gz"]

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from aieng_core.config import DataConfig
-from aieng_core.data.decoding import bom_encoding, decode_strict, detect_stream_encoding
+from aieng_core.data.decoding import bom_encoding, decode_unit
 from aieng_core.data.readers import is_data_file, read_records
 from tests.core.helpers import clean_files, json_line, jsonl
 
@@ -90,7 +90,7 @@ def test_utf16_csv_with_bom(tmp_path: Path, variant: str) -> None:
 # ---- GBK --------------------------------------------------------------------------------
 def test_gbk_line_inside_utf8_jsonl_is_recovered(tmp_path: Path) -> None:
     data = json_line({"id": "u1", "text": EN}) + json_line({"id": "g1", "text": ZH, "lang": "zh"}, "gbk") + json_line({"id": "u2", "text": ZH2})
-    assert decode_strict(json_line({"id": "g1", "text": ZH}, "gbk")[:-1])[1] == "gb18030"
+    assert decode_unit(json_line({"id": "g1", "text": ZH}, "gbk")[:-1]).encoding == "gb18030"
     result = clean_files(tmp_path, {"mixed.jsonl": data}, CONFIG)
     assert result.reasons == {}
     assert result.texts() == {"u1": EN, "g1": ZH, "u2": ZH2}
@@ -98,9 +98,8 @@ def test_gbk_line_inside_utf8_jsonl_is_recovered(tmp_path: Path) -> None:
     assert [row["line"] for row in result.clean] == [1, 2, 3]
 
 
-def test_gbk_encoded_csv_file_is_decoded_per_file(tmp_path: Path) -> None:
+def test_gbk_encoded_csv_file_is_decoded(tmp_path: Path) -> None:
     data = csv_bytes([["g1", ZH, "zh"], ["g2", ZH2, "zh"], ["g3", ZH3, "zh"]], encoding="gbk")
-    assert detect_stream_encoding(lambda: open_bytes(data)) == "gb18030"
     result = clean_files(tmp_path, {"legacy.csv": data}, CONFIG)
     assert result.reasons == {}
     assert result.texts() == {"g1": ZH, "g2": ZH2, "g3": ZH3}
@@ -123,7 +122,6 @@ def test_csv_rows_mixing_encodings_are_decoded_row_by_row(tmp_path: Path) -> Non
     gbk_row = f"g1,{ZH2},zh\n".encode("gbk")
     bad_row = b"b1,\xff\xfe broken bytes here,en\n"
     data = b"id,text,lang\n" + utf8_row + gbk_row + bad_row + f'u2,"{EN}",de\n'.encode("utf-8")
-    assert detect_stream_encoding(lambda: open_bytes(data)) is None  # no single encoding fits
     result = clean_files(tmp_path, {"mixed.csv": data}, CONFIG)
     assert result.metrics["rows_in"] == 4
     assert result.texts() == {"u1": f"{ZH} x", "g1": ZH2, "u2": EN}
@@ -231,9 +229,10 @@ def test_parquet_wrong_types_and_missing_columns(tmp_path: Path) -> None:
     ]
 
 
-def test_unreadable_parquet_is_one_malformed_row(tmp_path: Path) -> None:
+def test_unreadable_parquet_is_one_unreadable_record(tmp_path: Path) -> None:
     result = clean_files(tmp_path, {"junk.parquet": b"this is not parquet at all"}, CONFIG)
-    assert result.metrics["rows_in"] == 1 and result.reasons == {"malformed_row": 1}
+    assert result.metrics["rows_in"] == 1 and result.reasons == {"unreadable": 1}
+    assert result.metrics["rows_expected"] == 1
     assert (result.quarantine[0]["source_file"], result.quarantine[0]["line"]) == ("junk.parquet", 0)
 
 
@@ -259,13 +258,14 @@ def test_empty_and_header_only_csv_have_no_records(tmp_path: Path) -> None:
 
 
 def test_bom_dispatch_and_strict_decoding() -> None:
-    assert bom_encoding(codecs.BOM_UTF8 + b"x") == "utf-8-sig"
-    assert bom_encoding(codecs.BOM_UTF16_LE + b"x\x00") == "utf-16"
-    assert bom_encoding(codecs.BOM_UTF32_LE + b"x") == "utf-32"
+    assert bom_encoding(codecs.BOM_UTF8 + b"x") == ("utf-8", 3)
+    assert bom_encoding(codecs.BOM_UTF16_LE + b"x\x00") == ("utf-16-le", 2)
+    assert bom_encoding(codecs.BOM_UTF16_BE + b"\x00x") == ("utf-16-be", 2)
+    assert bom_encoding(codecs.BOM_UTF32_LE + b"x") == ("utf-32-le", 4)
     assert bom_encoding(b"plain") is None
-    assert decode_strict("中文".encode("utf-8")) == ("中文", "utf-8")
-    assert decode_strict(ZH.encode("gbk")) == (ZH, "gb18030")
-    assert decode_strict(b"\xff") is None
+    assert decode_unit("中文".encode("utf-8"))[:2] == ("中文", "utf-8")
+    assert decode_unit(ZH.encode("gbk"))[:2] == (ZH, "gb18030")
+    assert decode_unit(b"\xff").reason == "undecodable"
 
 
 def test_data_file_suffixes(tmp_path: Path) -> None:
@@ -277,20 +277,17 @@ def test_data_file_suffixes(tmp_path: Path) -> None:
         read_records(tmp_path / "x.txt", "x.txt")
 
 
-def open_bytes(data: bytes) -> io.BytesIO:
-    return io.BytesIO(data)
-
-
 # ---- unreadable compressed files ---------------------------------------------------------
 @pytest.mark.parametrize("name", ["broken.jsonl.gz", "broken.csv.gz"])
 def test_corrupt_gzip_file_is_quarantined_not_fatal(tmp_path: Path, name: str) -> None:
-    """Like an unreadable Parquet file, a .gz that is not gzip is one malformed_row
-    (reasons.py: "unreadable file"), and the partition's other files still come through."""
+    """Like an unreadable Parquet file, a .gz that is not gzip is one `unreadable` record
+    naming its byte range, and the partition's other files still come through."""
     files = {"good.jsonl": jsonl({"id": "a", "text": EN}), name: b"\x1f\x8b this is not a gzip stream"}
     result = clean_files(tmp_path, files, CONFIG)
     assert result.texts() == {"a": EN}
-    assert result.reasons == {"malformed_row": 1}
+    assert result.reasons == {"unreadable": 1}
     assert result.quarantine[0]["source_file"] == name
+    assert "compressed bytes 0-" in result.quarantine[0]["detail"]
 
 
 def test_truncated_gzip_keeps_the_rows_before_the_cut(tmp_path: Path) -> None:
@@ -299,5 +296,6 @@ def test_truncated_gzip_keeps_the_rows_before_the_cut(tmp_path: Path) -> None:
     result = clean_files(tmp_path, {"cut.jsonl.gz": cut}, CONFIG)
     assert result.metrics["rows_in"] == result.metrics["rows_clean"] + result.metrics["rows_quarantined"]
     assert result.metrics["rows_clean"] >= 150
-    assert result.quarantine[-1]["reason"] == "malformed_row"
+    assert result.metrics["rows_expected"] == result.metrics["rows_in"]
+    assert result.quarantine[-1]["reason"] == "unreadable"
     assert result.quarantine[-1]["source_file"] == "cut.jsonl.gz"

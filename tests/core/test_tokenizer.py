@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from tokenizers import Tokenizer, normalizers
 
 from aieng_core.config import TokenizerConfig
 from aieng_core.data.clean_documents import KIND as CLEAN_KIND
 from aieng_core.data.tables import CLEAN_FILE
-from aieng_core.store import ArtifactNotFound, ArtifactStore
-from aieng_core.tokenizer.bpe import TOKENIZER_FILE, TOKENIZER_FILES, capped, load_tokenizer, round_trip_failures, train_bpe
-from aieng_core.tokenizer.bpe_tokenizer import CODE_VERSION, KIND, build_bpe_tokenizer
+from aieng_core.data.tables import num_rows
+from aieng_core.hashing import sha256_json
+from aieng_core.store import ArtifactNotFound, ArtifactSpec, ArtifactStore, Produced
+from aieng_core.tokenizer.bpe import (
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+    TOKENIZER_FILES,
+    capped,
+    load_tokenizer,
+    round_trip_failures,
+    save_tokenizer_dir,
+    special_ids,
+    train_bpe,
+)
+from aieng_core.tokenizer.bpe_tokenizer import CODE_VERSION, KIND, build_bpe_tokenizer, round_trip_report
 from tests.conftest import DEMO_PARTITIONS, land
 from tests.core.helpers import BuiltHome, build_data, jsonl, read_table, sentences
 
@@ -67,7 +81,41 @@ def test_byte_level_round_trip(built_demo: BuiltHome) -> None:
     texts = ["plain English text", "中文和 emoji 🚀", "tabs\tand\nnewlines  ", "\x00\x01 binary junk \ufffd", ""]
     texts += [r["text"] for r in read_table(built_demo.clean["2026-01-01"].file(CLEAN_FILE))[:20]]
     assert round_trip_failures(tokenizer, texts) == []
-    assert tokenizer.encode("<|endoftext|>", add_special_tokens=False).ids == [tokenizer.token_to_id("<|endoftext|>")]
+
+
+SPECIAL_TEXTS = ["<|endoftext|>", "<|pad|>", "before<|endoftext|>after", "a <|pad|><|pad|> b <|endoftext|>"]
+
+
+def test_special_token_text_in_a_document_is_ordinary_text(built_demo: BuiltHome) -> None:
+    tokenizer = load_tokenizer(built_demo.tokenizer.path)
+    specials = special_ids(tokenizer)
+    assert specials == {tokenizer.token_to_id("<|endoftext|>"), tokenizer.token_to_id("<|pad|>")}
+    single = [tokenizer.encode(text, add_special_tokens=False).ids for text in SPECIAL_TEXTS]
+    batched = [encoding.ids for encoding in tokenizer.encode_batch_fast(SPECIAL_TEXTS, add_special_tokens=False)]
+    assert single == batched
+    for text, ids in zip(SPECIAL_TEXTS, batched):
+        assert not specials & set(ids), text
+        assert tokenizer.decode(ids) == text
+    assert round_trip_failures(tokenizer, SPECIAL_TEXTS) == []
+    # The switch is not stored in tokenizer.json: loaded without load_tokenizer, the same
+    # texts become special ids, and the round-trip check says so.
+    unguarded = Tokenizer.from_file(str(built_demo.tokenizer.file(TOKENIZER_FILE)))
+    assert unguarded.encode("<|endoftext|>", add_special_tokens=False).ids == [tokenizer.token_to_id("<|endoftext|>")]
+    assert round_trip_failures(unguarded, SPECIAL_TEXTS) == SPECIAL_TEXTS
+
+
+def test_transformers_also_keeps_special_token_text_as_text(built_demo: BuiltHome) -> None:
+    from transformers import AutoTokenizer
+
+    path = built_demo.tokenizer.path
+    assert json.loads((path / TOKENIZER_CONFIG_FILE).read_text())["split_special_tokens"] is True
+    hf = AutoTokenizer.from_pretrained(str(path))
+    raw = load_tokenizer(path)
+    for text in SPECIAL_TEXTS:
+        ids = hf(text)["input_ids"]
+        assert hf.eos_token_id not in ids and hf.pad_token_id not in ids, text
+        assert ids == raw.encode(text, add_special_tokens=False).ids
+        assert hf.decode(ids) == text
 
 
 def test_needs_clean_text(store: ArtifactStore, tiny_config) -> None:
@@ -140,3 +188,39 @@ def test_capped_stops_after_max_chars() -> None:
     assert list(capped(["aaaa", "bbbb", "cccc"], 5)) == ["aaaa", "bbbb"]
     assert list(capped(["aaaa", "bbbb"], 4)) == ["aaaa"]
     assert list(capped(["aaaa"], 100)) == ["aaaa"]
+
+
+def test_round_trip_report_covers_every_clean_row(built_demo: BuiltHome) -> None:
+    report = round_trip_report(built_demo.store, batch_rows=7)
+    rows = sum(num_rows(built_demo.clean[p].file(CLEAN_FILE)) for p in DEMO_PARTITIONS)
+    assert report == {"passed": True, "partitions": DEMO_PARTITIONS, "texts_checked": rows, "failures": 0, "failing_ids": []}
+
+
+def lowercasing_tokenizer(store: ArtifactStore, texts: list[str]) -> None:
+    """Make the current tokenizer one that lowercases before encoding, so that any text with
+    a capital letter cannot round-trip: a real, broken tokenizer artifact."""
+    config = TokenizerConfig(vocab_size=300, min_frequency=1)
+
+    def produce(staging: Path) -> Produced:
+        tokenizer = train_bpe(iter(texts), config)
+        tokenizer.normalizer = normalizers.Lowercase()
+        save_tokenizer_dir(tokenizer, staging, config)
+        return Produced(content_sha256=sha256_json("lowercasing"))
+
+    store.build(ArtifactSpec(kind=KIND, code_version="lowercasing", config_sha256="0" * 64), produce)
+
+
+def test_round_trip_report_finds_a_failure_far_past_the_first_rows(home: Path, store: ArtifactStore, tiny_config) -> None:
+    texts = [text.lower() for text in sentences(300, seed=4)]
+    texts[250] = "Only this one document has Capital letters in it."
+    land(home, "2026-01-01", "docs.jsonl", jsonl(*[{"id": f"doc-{i}", "text": t} for i, t in enumerate(texts)]))
+    clean = build_data(store, tiny_config, ["2026-01-01"])["2026-01-01"]
+    assert num_rows(clean.file(CLEAN_FILE)) == 300
+    lowercasing_tokenizer(store, texts)
+    report = round_trip_report(store, batch_rows=64)
+    assert report == {"passed": False, "partitions": ["2026-01-01"], "texts_checked": 300, "failures": 1, "failing_ids": ["2026-01-01/doc-250"]}
+
+
+def test_round_trip_report_with_no_clean_rows_does_not_pass(home: Path, store: ArtifactStore, tiny_config) -> None:
+    lowercasing_tokenizer(store, sentences(5))
+    assert round_trip_report(store, batch_rows=64)["passed"] is False

@@ -24,7 +24,10 @@ from aieng_core.tokenizer import tokenized_documents as tokenized_core
 from orchestration.assets.data import clean_documents, raw_documents
 from orchestration.assets.dataset import dataset_manifest
 from orchestration.assets.tokenizer import bpe_tokenizer, tokenized_documents
-from tests.conftest import DEMO_PARTITIONS
+from orchestration.checks import tokenizer_round_trips
+from tests.conftest import DEMO_PARTITIONS, land
+from tests.core.helpers import jsonl, sentences
+from tests.core.test_tokenizer import lowercasing_tokenizer
 from tests.orchestration.helpers import (
     ALL_DEMO_DAYS,
     ASSETS,
@@ -412,3 +415,24 @@ def test_tokenizer_is_pinned_until_retrain_is_requested(demo_home: Path) -> None
         assert check_outcomes(fixed) == {"tokenized_matches_clean": True, "dataset_manifest_intact": True}
         manifest = meta(run_materializations(fixed)[("dataset_manifest", None)])
         assert manifest["partitions"] == 2 and manifest["tokenizer_id"] == values["artifact_id"]
+
+
+def test_round_trip_check_reads_every_clean_row(tmp_path: Path) -> None:
+    """Row 250 of 300 is the only one the tokenizer cannot give back: a check that samples
+    the first rows of each partition would pass."""
+    home = tmp_path / "aieng-home"
+    texts = [text.lower() for text in sentences(300, seed=5)]
+    texts[250] = "Only this one document has Capital letters in it."
+    land(home, "2026-01-01", "docs.jsonl", jsonl(*[{"id": f"doc-{i}", "text": t} for i, t in enumerate(texts)]))
+    res = resources(home)
+    with dg.instance_for_test() as instance:
+        assert dg.materialize(ASSETS, selection=[raw_documents, clean_documents], instance=instance, resources=res, partition_key="2026-01-01").success
+        lowercasing_tokenizer(ArtifactStore(home), texts)
+        result = dg.materialize(
+            ASSETS, selection=dg.AssetSelection.checks(tokenizer_round_trips), instance=instance, resources=res, raise_on_error=False
+        )
+    [evaluation] = result.get_asset_check_evaluations()
+    assert evaluation.check_name == "tokenizer_round_trips" and evaluation.passed is False
+    values = {key: value.value for key, value in evaluation.metadata.items()}
+    assert values == {"partitions_checked": 1, "texts_checked": 300, "failures": 1, "failing_ids": "2026-01-01/doc-250"}
+    assert evaluation.description == "1 of 300 clean rows do not round-trip"
