@@ -25,6 +25,7 @@ IN_CHUNK = 1 << 20
 OUT_CHUNK = 1 << 20
 GZIP_MAGIC = b"\x1f\x8b\x08"
 _CHECKSUM_ERRORS = ("incorrect data check", "incorrect length check")
+MAX_HEADER_FIELD = 4096  # longest FNAME/FCOMMENT accepted in a gzip header (PATH_MAX)
 DEFLATE_IN_CHUNK = 16 << 10  # small, so a decode error loses little of the output before it
 
 
@@ -98,41 +99,42 @@ class ByteSource:
         segments: list[_Segment] = []
         total = 0
         position = 0
+        budget = [self.limit]  # what verifying resync candidates may decompress, in all
         with open(self.path, "rb") as handle:
             while position < size:
                 if not _has_member_header(handle, position):
                     if _only_zeros(handle, position, size):
                         break  # padding after the last member
-                    resume = _next_member(handle, position + 1, size)
+                    resume = _next_member(handle, position + 1, size, budget)
                     end = size if resume is None else resume
                     segments.append(_Segment(position, end, 0, f"compressed bytes {position}-{end} are not gzip data"))
                     if resume is None:
                         break
                     position = resume
                     continue
-                end, produced, error = _scan_member(handle, position, self.limit - total)
+                member_end, produced, error = _scan_member(handle, position, self.limit - total)
                 if error is None:
-                    segments.append(_Segment(position, end, produced, None))
+                    segments.append(_Segment(position, member_end, produced, None))
                     total += produced
-                    position = end
+                    position = member_end
                     continue
                 if error == "limit":
                     segments.append(
                         _Segment(position, size, produced, f"compressed bytes {position}-{size} not read: over data.max_file_bytes ({self.limit}) decompressed")
                     )
                     break
-                resume = _next_member(handle, position + 1, size)
-                end = size if resume is None else resume
+                total += produced
                 if error.startswith(_CHECKSUM_ERRORS):
                     # Decoded to its end, but some byte is wrong: keep every line, each quarantined.
-                    keep = produced
-                    why = f"gzip member at compressed bytes {position}-{end} fails its CRC check ({error}): this line may be corrupt"
-                    segments.append(_Segment(position, end, keep, None, why))
-                else:
-                    keep = produced  # deflate output before the point of damage comes from undamaged input
-                    why = f"gzip member at compressed bytes {position}-{end} is damaged after {produced} decompressed bytes: {error}"
-                    segments.append(_Segment(position, end, keep, why))
-                total += keep
+                    why = f"gzip member at compressed bytes {position}-{member_end} fails its CRC check ({error}): this line may be corrupt"
+                    segments.append(_Segment(position, member_end, produced, None, why))
+                    position = member_end  # whatever follows is read (or marked) like any other member
+                    continue
+                resume = _next_member(handle, position + 1, size, budget)
+                end = size if resume is None else resume
+                # Deflate output before the point of damage comes from undamaged input: kept.
+                why = f"gzip member at compressed bytes {position}-{end} is damaged after {produced} decompressed bytes: {error}"
+                segments.append(_Segment(position, end, produced, why))
                 if resume is None:
                     break
                 position = resume
@@ -156,15 +158,11 @@ def _deflate_start(handle, start: int) -> int | None:
     for flag in (0x08, 0x10):  # FNAME, FCOMMENT: zero-terminated strings
         if flags & flag:
             handle.seek(position)
-            while True:
-                chunk = handle.read(4096)
-                if not chunk:
-                    return None
-                end = chunk.find(b"\0")
-                if end >= 0:
-                    position += end + 1
-                    break
-                position += len(chunk)
+            field = handle.read(MAX_HEADER_FIELD)
+            end = field.find(b"\0")
+            if end < 0:
+                return None  # no writer stores a file name or comment this long: not a header
+            position += end + 1
     if flags & 0x02:  # FHCRC
         position += 2
     return position
@@ -221,7 +219,8 @@ def _member_output(handle, start: int, limit: int) -> Iterator[bytes | str]:
 
 
 def _scan_member(handle, start: int, limit: int) -> tuple[int, int, str | None]:
-    """(end offset, decompressed bytes, error or None) of the member at `start`."""
+    """(end offset, decompressed bytes, error or None) of the member at `start`; the end
+    offset is exact when the member decoded to its trailer (no error, or a checksum error)."""
     produced = 0
     for piece in _member_output(handle, start, limit):
         if isinstance(piece, str):
@@ -242,21 +241,26 @@ def _only_zeros(handle, position: int, size: int) -> bool:
     return True
 
 
-def _next_member(handle, position: int, size: int) -> int | None:
-    """The next offset at or after `position` where a whole, CRC-verified member starts."""
+def _next_member(handle, position: int, size: int, budget: list[int]) -> int | None:
+    """The next offset at or after `position` where a whole, CRC-verified member starts.
+
+    `budget` ([bytes]) is what verifying candidates may still decompress, shared by all the
+    resyncs of one file, so junk full of fake headers costs bounded time."""
     while position < size:
         handle.seek(position)
         window = handle.read(IN_CHUNK + len(GZIP_MAGIC))
         found = window.find(GZIP_MAGIC)
-        if found < 0:
-            position += IN_CHUNK
-            continue
-        candidate = position + found
-        # A candidate inside compressed data almost never decodes to its end with a valid CRC;
-        # checking the whole member keeps junk that happens to hold the magic bytes out.
-        if _has_member_header(handle, candidate):
-            _, _, error = _scan_member(handle, candidate, 1 << 62)
-            if error is None:
-                return candidate
-        position = candidate + 1
+        while 0 <= found < IN_CHUNK:
+            candidate = position + found
+            # A candidate inside compressed data almost never decodes to its end with a valid
+            # CRC; checking the whole member keeps junk that holds the magic bytes out.
+            if _has_member_header(handle, candidate):
+                if budget[0] <= 0:
+                    return None
+                end, produced, error = _scan_member(handle, candidate, budget[0])
+                budget[0] -= max(produced, end - candidate)
+                if error is None:
+                    return candidate
+            found = window.find(GZIP_MAGIC, found + 1)
+        position += IN_CHUNK
     return None

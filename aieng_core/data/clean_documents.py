@@ -50,16 +50,24 @@ NFC_MAX_SHRINK = 4
 log = logging.getLogger("aieng.data")
 
 
+def _record_bytes(record: RawRecord) -> int:
+    """What a record holds in memory, roughly: its raw bytes and its text (a Parquet record's
+    raw is only a preview, so its text must be counted on its own)."""
+    text = record.fields.get("text") if record.fields else None
+    return len(record.raw) + (len(text) if isinstance(text, str) else 0)
+
+
 def _batches(records: Iterable[RawRecord], rows: int, max_bytes: int) -> Iterator[list[RawRecord]]:
-    """Batches of at most `rows` records and (beyond the first record) `max_bytes` raw bytes."""
+    """Batches of at most `rows` records and (beyond the first record) `max_bytes` bytes."""
     batch: list[RawRecord] = []
     size = 0
     for record in records:
-        if batch and (len(batch) >= rows or size + len(record.raw) > max_bytes):
+        record_bytes = _record_bytes(record)
+        if batch and (len(batch) >= rows or size + record_bytes > max_bytes):
             yield batch
             batch, size = [], 0
         batch.append(record)
-        size += len(record.raw)
+        size += record_bytes
     if batch:
         yield batch
 

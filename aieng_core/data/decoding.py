@@ -70,14 +70,22 @@ def plausibly_chinese(data: bytes) -> bool:
     """True when GB18030-decodable bytes look like Chinese text rather than another
     single-byte or UTF-8-variant encoding read as GB18030."""
     core = rare = 0
-    for sequence in _GB_SEQUENCE.findall(data):
+    for match in _GB_SEQUENCE.finditer(data):
+        sequence = match.group()
         if len(sequence) == 4:
             return False  # 4-byte codes hold rare and non-Chinese characters; too easy to hit by chance
-        if sequence[0] in _GB2312_LEADS and sequence[1] >= 0xA1:
+        # Two accented Latin-1 letters inside a word ("ção" in Configuração) can pair up as a
+        # GB2312 code; a hanzi between two ASCII letters almost never occurs in real text.
+        in_word = _is_ascii_letter(data, match.start() - 1) and _is_ascii_letter(data, match.end())
+        if sequence[0] in _GB2312_LEADS and sequence[1] >= 0xA1 and not in_word:
             core += 1
         else:
             rare += 1
     return core > 0 and rare * _RARE_SHARE <= core + rare
+
+
+def _is_ascii_letter(data: bytes, index: int) -> bool:
+    return 0 <= index < len(data) and (0x41 <= data[index] <= 0x5A or 0x61 <= data[index] <= 0x7A)
 
 
 def _hint(data: bytes, latin: bool = True) -> str:

@@ -48,6 +48,15 @@ class Layout(NamedTuple):
         return (10).to_bytes(self.width, self.byteorder)
 
 
+def count_quotes(data: bytes, layout: Layout = Layout()) -> int:
+    """'"' code units in `data`, counted at aligned offsets for UTF-16/32."""
+    if layout.width == 1:
+        return data.count(b'"')
+    usable = len(data) - len(data) % layout.width
+    dtype = np.dtype(f"{'<' if layout.byteorder == 'little' else '>'}u{layout.width}")
+    return int(np.count_nonzero(np.frombuffer(data[:usable], dtype=dtype) == 0x22))
+
+
 def is_blank(data: bytes, layout: Layout = Layout()) -> bool:
     """A line holding only ASCII whitespace is not a record."""
     if layout.width == 1:
@@ -60,7 +69,7 @@ def is_blank(data: bytes, layout: Layout = Layout()) -> bool:
 
 def split_lines(pieces: Iterable[bytes | Gap], layout: Layout, max_bytes: int) -> Iterator[Line | LineGap]:
     newline, width = layout.newline, layout.width
-    line = _LineBuffer(max_bytes, (0x22).to_bytes(width, layout.byteorder))
+    line = _LineBuffer(max_bytes, layout)
     number = 1
     carry = b""  # bytes of an incomplete code unit, for wide encodings
     to_skip = layout.skip
@@ -101,9 +110,9 @@ def split_lines(pieces: Iterable[bytes | Gap], layout: Layout, max_bytes: int) -
 class _LineBuffer:
     """The line in progress: whole while it fits in max_bytes, else only its first KEEP_BYTES."""
 
-    def __init__(self, max_bytes: int, quote: bytes = b'"') -> None:
+    def __init__(self, max_bytes: int, layout: Layout = Layout()) -> None:
         self.max_bytes = max_bytes
-        self.quote = quote
+        self.layout = layout
         self.parts: list[bytes] = []
         self.size = 0
         self.quotes = 0
@@ -114,7 +123,7 @@ class _LineBuffer:
             self.suspect = untrusted  # a line is untrusted if any of its bytes, or its end, is
         if not part:
             return
-        self.quotes += part.count(self.quote)  # (for UTF-16/32 an approximation: unaligned matches count)
+        self.quotes += count_quotes(part, self.layout)  # parts start at aligned offsets
         was_within = self.size <= self.max_bytes
         self.size += len(part)
         if self.size <= self.max_bytes:

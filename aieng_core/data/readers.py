@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from aieng_core.data import reasons
 from aieng_core.data.byte_source import ByteSource, Gap
 from aieng_core.data.decoding import DEFAULT_FALLBACK_ENCODINGS, Decoded, bom_encoding, decode_unit
-from aieng_core.data.lines import KEEP_BYTES, Layout, Line, LineGap, is_blank, split_lines
+from aieng_core.data.lines import KEEP_BYTES, Layout, Line, LineGap, count_quotes, is_blank, split_lines
 from aieng_core.data.record_count import count_lines, parquet_footer_rows
 
 DATA_SUFFIXES = (".jsonl", ".jsonl.gz", ".csv", ".csv.gz", ".parquet")
@@ -55,10 +55,11 @@ class ReadLimits:
     max_file_bytes: int = 16 << 30
     batch_rows: int = 4096
     fallback_encodings: tuple[str, ...] = DEFAULT_FALLBACK_ENCODINGS
+    batch_bytes: int = 64 << 20
 
     @classmethod
     def from_config(cls, data: Any) -> "ReadLimits":
-        return cls(data.max_record_bytes, data.max_file_bytes, data.batch_rows, tuple(data.fallback_encodings))
+        return cls(data.max_record_bytes, data.max_file_bytes, data.batch_rows, tuple(data.fallback_encodings), data.batch_bytes)
 
 
 def is_data_file(name: str) -> bool:
@@ -80,6 +81,7 @@ class LandedFile:
         self.source = ByteSource(self.path, limits.max_file_bytes)
         self.read = 0
         self.lines_consumed = 0  # CSV: physical lines the reader went through
+        self.header_quarantined = False  # CSV: the header could not be used and is a record itself
 
     def records(self) -> Iterator[RawRecord]:
         if self.name.endswith(".parquet"):
@@ -110,7 +112,8 @@ class LandedFile:
             if self.name.endswith((".jsonl", ".jsonl.gz")):
                 expected, source = count.records + count.gaps, "non-blank lines"
             elif not count.has_quote:
-                expected, source = max(count.records - 1, 0) + count.gaps, "non-blank lines after the header"
+                header = 0 if self.header_quarantined else 1
+                expected, source = max(count.records - header, 0) + count.gaps, "non-blank lines after the header"
             else:
                 # Quoted fields may span lines: every physical line must have been consumed.
                 expected, source = self.read + abs(count.lines - self.lines_consumed), "lines consumed"
@@ -247,6 +250,29 @@ def _as_utf8(line: bytes, codec: str | None) -> bytes:
         return line
 
 
+def _inside_quotes_after(line: str, inside: bool, at_record_start: bool) -> bool:
+    """Whether a quoted field is still open at the end of `line`, given whether one was open
+    at its start. A quote opens a field only at a field's start (RFC 4180), so `5" screen`
+    opens nothing; inside a field a doubled quote is a literal quote."""
+    position = 0
+    if not inside and at_record_start and line.startswith('"'):
+        inside, position = True, 1
+    while True:
+        if inside:
+            found = line.find('"', position)
+            if found < 0:
+                return True
+            if line.startswith('""', found):
+                position = found + 2
+                continue
+            inside, position = False, found + 1
+        else:
+            found = line.find(',"', position)
+            if found < 0:
+                return False
+            inside, position = True, found + 2
+
+
 class _CsvLines:
     """The decoded lines fed to Python's csv reader. Every line fed is attributed to the
     record being read, which gives each record its raw bytes and lets the tally check that
@@ -260,7 +286,7 @@ class _CsvLines:
         self.items = split_lines(source.pieces(), self.layout, limits.max_record_bytes)
         self.consumed: list[bytes] = []  # raw lines of the record in progress
         self.consumed_bytes = 0
-        self.quotes = 0  # quote characters in the record so far: odd means inside a quoted field
+        self.inside = False  # whether the record so far ends inside a quoted field
         self.first_line = 0
         self.lines_seen = 0
         self.pending: LineGap | None = None  # a gap met while skipping an oversized record
@@ -280,6 +306,7 @@ class _CsvLines:
             raise _StopRecord(reasons.UNREADABLE, item.gap.detail, item)
         self._consume(item)
         if item.suspect and not is_blank(item.data, self.layout):
+            self._skip_rest_of_record()
             raise _StopRecord(reasons.UNREADABLE, f"line {item.number}: {item.suspect}")
         if item.too_large or self.consumed_bytes > self.limits.max_record_bytes:
             self._skip_rest_of_record()
@@ -290,23 +317,35 @@ class _CsvLines:
             )
         decoded = _decode(item.data, self.codec, self.limits)
         if decoded.text is None:
+            self._skip_rest_of_record()
             raise _StopRecord(decoded.reason, f"line {item.number}: {decoded.detail}")
         return decoded.text + "\n"
 
+    def _structure(self, data: bytes) -> str:
+        """The line as characters good enough to find quotes and commas, whatever its
+        encoding (GB18030 trail bytes are never 0x22 or 0x2C)."""
+        return data.decode("latin-1") if self.codec is None else data.decode(self.codec, "replace")
+
     def _consume(self, item: Line) -> None:
         self.lines_seen += 1
-        if not self.consumed:
+        at_start = not self.consumed and self.consumed_bytes == 0
+        if at_start:
             self.first_line = item.number
         if self.consumed_bytes <= self.limits.max_record_bytes:
             self.consumed.append(item.data)
         self.consumed_bytes += item.size
-        self.quotes += item.quotes
+        inside = _inside_quotes_after(self._structure(item.data), self.inside, at_start)
+        if item.too_large and inside:
+            # Only the line's start was kept. Inside a field, quotes come in pairs until the
+            # closing one, so an odd count in the rest of the line means the field closed.
+            inside = (item.quotes - count_quotes(item.data, self.layout)) % 2 == 0
+        self.inside = inside
 
     def _skip_rest_of_record(self) -> None:
-        """An oversized record ends where its quoted field closes (quotes inside a quoted
-        field are doubled, so an even count means outside), not at the next line: the
-        rest of a long quoted field must not be parsed as records."""
-        while self.quotes % 2:
+        """A record abandoned midway (too large, undecodable, untrusted) ends where its
+        quoted field closes, not at the next line: the rest of a quoted field must not be
+        parsed as records of its own."""
+        while self.inside:
             item = next(self.items, None)
             if item is None:
                 return
@@ -321,8 +360,17 @@ class _CsvLines:
         if self.consumed_bytes > self.limits.max_record_bytes:
             raw = raw[:KEEP_BYTES]
         taken = (self.first_line, len(self.consumed), raw)
-        self.consumed, self.consumed_bytes, self.quotes, self.first_line = [], 0, 0, 0
+        self.consumed, self.consumed_bytes, self.inside, self.first_line = [], 0, False, 0
         return taken
+
+
+def _header_record(name: str, line: int, raw: bytes, problem: tuple[str, str], landed: "LandedFile | None") -> RawRecord:
+    """An unusable header is quarantined as a record of its own, so that a file whose
+    content never gets past its header (e.g. one line ended by lone CRs) is not lost
+    silently; the tally counts it."""
+    if landed is not None:
+        landed.header_quarantined = True
+    return RawRecord(name, line, raw, None, *problem)
 
 
 def read_csv(source: ByteSource, name: str, limits: ReadLimits, landed: "LandedFile | None" = None) -> Iterator[RawRecord]:
@@ -347,6 +395,7 @@ def read_csv(source: ByteSource, name: str, limits: ReadLimits, landed: "LandedF
                 yield RawRecord(name, first or stop.gap.number, partial, None, reasons.UNREADABLE, stop.detail)
             elif header is None:
                 header, header_problem = [], (stop.reason, f"the CSV header (line {first}) cannot be read: {stop.detail}")
+                yield _header_record(name, first, raw, header_problem, landed)
             else:
                 yield RawRecord(name, first, raw, None, stop.reason, stop.detail)
             continue
@@ -354,12 +403,13 @@ def read_csv(source: ByteSource, name: str, limits: ReadLimits, landed: "LandedF
             first, _, raw = lines.take()
             if header is None:
                 header, header_problem = [], (reasons.MALFORMED_ROW, f"the CSV header (line {first}) is malformed: {exc}")
+                yield _header_record(name, first, raw, header_problem, landed)
             else:
                 yield RawRecord(name, first, raw, None, reasons.MALFORMED_ROW, f"malformed CSV record: {exc}")
             continue
         first, count, raw = lines.take()
-        if not row or (count == 1 and not "".join(row).strip(" \t\r\x0b\x0c")):
-            continue  # a blank line is not a record
+        if not row:
+            continue  # defensive: _CsvLines never feeds a blank line at a record start
         if header is None:
             header = [cell.strip() for cell in row]
             repeated = sorted({cell for cell in header if cell in CONTRACT_FIELDS and header.count(cell) > 1})
@@ -434,23 +484,53 @@ def _raw_json(row: dict[str, Any]) -> bytes:
     return json.dumps(row, ensure_ascii=False, default=default, sort_keys=True).encode("utf-8", "surrogatepass")[:KEEP_BYTES]
 
 
+def _cell_bytes(column: pa.Array) -> list[int]:
+    """Bytes of each text or binary cell (0 for null and other types), computed by Arrow
+    without building Python strings; a dictionary column is measured through its indices."""
+    kind = column.type
+    if pa.types.is_dictionary(kind):
+        lengths = _cell_bytes(column.dictionary)
+        return [0 if index is None else lengths[index] for index in column.indices.to_pylist()]
+    if pa.types.is_fixed_size_binary(kind):
+        return [kind.byte_width if valid else 0 for valid in column.is_valid().to_pylist()]
+    if pa.types.is_string_view(kind):
+        column = column.cast(pa.large_string())
+    elif pa.types.is_binary_view(kind):
+        column = column.cast(pa.large_binary())
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+        return [length or 0 for length in pc.binary_length(column).to_pylist()]
+    return [0] * len(column)
+
+
 def _row_bytes(batch: pa.RecordBatch) -> list[int]:
     """Bytes of text and binary cells per row: the size a line-based record would have."""
     total = [0] * batch.num_rows
     for column in batch.columns:
-        kind = column.type.value_type if pa.types.is_dictionary(column.type) else column.type
-        if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
-            lengths = pc.binary_length(column.dictionary_decode() if pa.types.is_dictionary(column.type) else column)
-            total = [t + (n or 0) for t, n in zip(total, lengths.to_pylist())]
+        total = [t + n for t, n in zip(total, _cell_bytes(column))]
     return total
 
 
-def _parquet_batch(batch: pa.RecordBatch, name: str, first_row: int, limits: ReadLimits) -> list[RawRecord]:
+def _parquet_records(batch: pa.RecordBatch, name: str, first_row: int, limits: ReadLimits) -> Iterator[RawRecord]:
+    """The records of one Arrow batch, converted to Python a slice of at most
+    `data.batch_bytes` at a time: a dictionary column holding one 128 KiB value 4,096 times
+    is 10 KB on disk but 512 MiB as Python strings."""
     sizes = _row_bytes(batch)
+    start = 0
+    while start < batch.num_rows:
+        end, held = start + 1, sizes[start]
+        while end < batch.num_rows and held + sizes[end] <= limits.batch_bytes:
+            held += sizes[end]
+            end += 1
+        yield from _parquet_batch(batch.slice(start, end - start), sizes[start:end], name, first_row + start, limits)
+        start = end
+
+
+def _parquet_batch(batch: pa.RecordBatch, sizes: list[int], name: str, first_row: int, limits: ReadLimits) -> list[RawRecord]:
     if max(sizes, default=0) > limits.max_record_bytes:
         # Oversized rows are rejected before any decoding or conversion to Python strings.
         fits = [size <= limits.max_record_bytes for size in sizes]
-        read = iter(_parquet_batch(batch.filter(pa.array(fits)), name, first_row, limits) if any(fits) else [])
+        kept_sizes = [size for size in sizes if size <= limits.max_record_bytes]
+        read = iter(_parquet_batch(batch.filter(pa.array(fits)), kept_sizes, name, first_row, limits) if any(fits) else [])
         records = []
         for offset, size in enumerate(sizes):
             if fits[offset]:
@@ -473,12 +553,26 @@ def _parquet_batch(batch: pa.RecordBatch, name: str, first_row: int, limits: Rea
     return records
 
 
+def _batch_rows(parquet: pq.ParquetFile, group: int, columns: list[str], limits: ReadLimits) -> int:
+    """Rows per Arrow batch for a row group: data.batch_rows, fewer when the footer says the
+    group's contract columns average so many bytes a row that a batch would pass batch_bytes."""
+    metadata = parquet.metadata.row_group(group)
+    if not metadata.num_rows:
+        return limits.batch_rows
+    leaves = [i for i in range(metadata.num_columns) if parquet.schema.column(i).path.split(".")[0] in columns]
+    size = sum(metadata.column(i).total_uncompressed_size for i in leaves)
+    per_row = max(1, size // metadata.num_rows)
+    return max(1, min(limits.batch_rows, limits.batch_bytes // per_row))
+
+
 def read_parquet(path: Path, name: str, limits: ReadLimits = ReadLimits()) -> Iterator[RawRecord]:
     """One record per row, read row group by row group, contract columns only."""
     try:
-        # Page checksums, where the writer wrote them, turn silent page corruption into an error.
-        parquet = pq.ParquetFile(path, page_checksum_verification=True)
-        schema = parquet.schema_arrow
+        # Page checksums, where the writer wrote them, turn silent page corruption into an error;
+        # dictionary columns stay dictionaries, so a repeated value is held once.
+        schema = pq.ParquetFile(path).schema_arrow
+        text_columns = [f for f in CONTRACT_FIELDS if f in schema.names and schema.names.count(f) == 1]
+        parquet = pq.ParquetFile(path, page_checksum_verification=True, read_dictionary=text_columns)
     except Exception as exc:
         yield RawRecord(name, 0, b"", None, reasons.UNREADABLE, f"not a readable Parquet file (no valid footer): {exc}")
         return
@@ -500,13 +594,23 @@ def read_parquet(path: Path, name: str, limits: ReadLimits = ReadLimits()) -> It
                 yield RawRecord(name, row + offset + 1, b"{}", {})
             row += group_rows
             continue
-        try:
-            for batch in parquet.iter_batches(batch_size=limits.batch_rows, row_groups=[group], columns=columns, use_threads=False):
-                records = _parquet_batch(batch, name, row + done + 1, limits)
-                done += batch.num_rows
-                yield from records
-        except Exception as exc:  # a damaged page: the rest of this row group is lost, the next one is read
-            lost = f"row group {group} (rows {row + 1}-{row + group_rows}) unreadable from row {row + done + 1}: {exc}"
-            for offset in range(done, group_rows):
-                yield RawRecord(name, row + offset + 1, b"", None, reasons.UNREADABLE, lost)
+        batches = parquet.iter_batches(batch_size=_batch_rows(parquet, group, columns, limits), row_groups=[group], columns=columns, use_threads=False)
+        while True:
+            try:
+                batch = next(batches, None)
+            except Exception as exc:  # a damaged page: the rest of this row group is lost, the next one is read
+                lost = f"row group {group} (rows {row + 1}-{row + group_rows}) unreadable from row {row + done + 1}: {exc}"
+                for offset in range(done, group_rows):
+                    yield RawRecord(name, row + offset + 1, b"", None, reasons.UNREADABLE, lost)
+                break
+            if batch is None:
+                break
+            yield from _parquet_records(batch, name, row + done + 1, limits)
+            done += batch.num_rows
         row += group_rows
+    declared = parquet.metadata.num_rows
+    if declared > row:
+        # The footer's total promises rows that no row group holds: account for each.
+        detail = f"the footer declares {declared} rows but its row groups hold {row}"
+        for offset in range(row, declared):
+            yield RawRecord(name, offset + 1, b"", None, reasons.UNREADABLE, detail)

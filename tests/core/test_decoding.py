@@ -20,6 +20,8 @@ ZH = "数据管道每天凌晨读取新落地的原始文本。"
         ("Müller und Söhne".encode("cp1252"), "ambiguous_encoding"),
         ("“smart quotes” in cp1252".encode("cp1252"), "undecodable"),  # 0x94 0x20 is not GB18030
         ("año, café, élève".encode("latin-1"), "undecodable"),
+        ("Configuração da aplicação".encode("latin-1"), "ambiguous_encoding"),  # "çã" pairs as a GB2312 code
+        ("Informações, Ação".encode("cp1252"), "ambiguous_encoding"),
         (b"emoji \xed\xa0\xbd\xed\xb8\x80 as CESU-8", "ambiguous_encoding"),  # surrogates encoded as UTF-8
         (b"nul as Java writes it: \xc0\x80", "ambiguous_encoding"),  # overlong UTF-8
         (b"overlong slash \xe0\x80\xaf", "undecodable"),

@@ -299,3 +299,112 @@ def test_truncated_gzip_keeps_the_rows_before_the_cut(tmp_path: Path) -> None:
     assert result.metrics["rows_expected"] == result.metrics["rows_in"]
     assert result.quarantine[-1]["reason"] == "unreadable"
     assert result.quarantine[-1]["source_file"] == "cut.jsonl.gz"
+
+
+# ---- found in review: each of these lost, invented or garbled rows before -------------------
+def conserved(result) -> None:
+    metrics = result.metrics
+    assert metrics["rows_expected"] == metrics["rows_in"] == metrics["rows_clean"] + metrics["rows_quarantined"]
+    clean_lines = [(row["source_file"], row["line"]) for row in result.clean]
+    assert len(set(clean_lines)) == len(clean_lines)
+    assert set(clean_lines).isdisjoint((row["source_file"], row["line"]) for row in result.quarantine)
+
+
+@pytest.mark.parametrize(
+    "data, reasons",
+    [
+        (b"id,text\n,\nx,hello world\n", {"missing_field": 1}),
+        (b'id,text\n"",""\n""\n"x","y text here"\n', {"missing_field": 1, "malformed_row": 1}),
+    ],
+)
+def test_csv_rows_of_empty_fields_are_records(tmp_path: Path, data: bytes, reasons: dict) -> None:
+    result = clean_files(tmp_path, {"a.csv": data}, CONFIG)
+    conserved(result)
+    assert result.reasons == reasons and result.metrics["rows_clean"] == 1
+
+
+def test_whatever_follows_a_member_failing_its_crc_is_accounted_for(tmp_path: Path) -> None:
+    bad_crc = bytearray(gzip.compress(jsonl({"id": "a", "text": EN}), mtime=0))
+    bad_crc[-8] ^= 1
+    second = gzip.compress(jsonl({"id": "b", "text": ZH}, {"id": "c", "text": ZH2}), mtime=0)
+    third = gzip.compress(jsonl({"id": "d", "text": ZH3}), mtime=0)
+    result = clean_files(tmp_path, {"a.jsonl.gz": bytes(bad_crc) + second[:-20] + b"JUNK" + third}, CONFIG)
+    conserved(result)
+    assert result.texts() == {"d": ZH3}
+    assert result.reasons == {"unreadable": 2}  # the suspect line, and the truncated member with the junk
+
+
+def test_an_abandoned_quoted_field_is_not_parsed_as_new_records(tmp_path: Path) -> None:
+    data = b'id,text\na,"Hello first line\n\xff\xfe bad\nx,continued text of a"\ny,normal row here\n'
+    result = clean_files(tmp_path, {"a.csv": data}, CONFIG)
+    conserved(result)
+    assert result.texts() == {"y": "normal row here"}
+    assert result.reasons == {"undecodable": 1}
+
+
+def test_an_oversized_record_with_a_literal_quote_ends_at_its_line(tmp_path: Path) -> None:
+    config = DataConfig(min_chars=5, max_record_bytes=1024, batch_rows=3)
+    data = b'id,text\nbig,5" screen ' + b"x" * 2000 + b"\ngood1,first good row\ngood2,second good row\n"
+    result = clean_files(tmp_path, {"a.csv": data}, config)
+    conserved(result)
+    assert result.texts() == {"good1": "first good row", "good2": "second good row"}
+    assert result.reasons == {"record_too_large": 1}
+
+
+def test_an_oversized_quoted_field_is_skipped_to_its_closing_quote(tmp_path: Path) -> None:
+    config = DataConfig(min_chars=5, max_record_bytes=1024, batch_rows=3)
+    long_field = b"\n".join([b"x" * 300] * 8)
+    data = b'id,text\nbig,"' + long_field + b'"\ngood1,first good row\n'
+    result = clean_files(tmp_path, {"a.csv": data}, config)
+    conserved(result)
+    assert result.texts() == {"good1": "first good row"}
+    assert result.reasons == {"record_too_large": 1}
+
+
+def test_a_csv_that_never_gets_past_its_header_is_not_lost_silently(tmp_path: Path) -> None:
+    data = b'"id","text"\r"a","first document text"\r"b","second document text"\r'  # lone CRs (old Mac Excel)
+    result = clean_files(tmp_path, {"a.csv": data}, CONFIG)
+    conserved(result)
+    assert result.reasons == {"malformed_row": 1}
+    assert result.quarantine[0]["raw"].startswith(b'"id","text"')
+
+
+def test_a_footer_promising_more_rows_than_its_row_groups_hold(tmp_path: Path) -> None:
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table({"id": [f"i{i}" for i in range(200)], "text": [f"text number {i} here" for i in range(200)]}), sink, row_group_size=100)
+    data = sink.getvalue().to_pybytes()
+    footer_length = int.from_bytes(data[-8:-4], "little")
+    start = len(data) - 8 - footer_length
+    footer = data[start:-8]
+    assert footer.count(b"\x16\x90\x03") == 1  # FileMetaData.num_rows = 200 (zigzag varint)
+    patched = data[:start] + footer.replace(b"\x16\x90\x03", b"\x16\x92\x03") + data[-8:]  # now 201
+    result = clean_files(tmp_path, {"a.parquet": patched}, CONFIG)
+    conserved(result)
+    assert result.metrics["rows_clean"] == 200 and result.reasons == {"unreadable": 1}
+    assert result.quarantine[0]["line"] == 201
+
+
+def test_a_repeated_dictionary_value_is_converted_a_slice_at_a_time(tmp_path: Path) -> None:
+    """4,096 rows sharing one 128 KiB text: 10 KB on disk, 512 MiB as Python strings if a
+    whole batch were converted at once. Measured in a fresh process (ru_maxrss is a peak)."""
+    script = f"""
+import resource, sys
+from pathlib import Path
+import pyarrow as pa, pyarrow.parquet as pq
+sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+from aieng_core.config import DataConfig
+from tests.core.helpers import clean_files
+table = pa.table({{"id": [f"id{{i}}" for i in range(4096)], "text": pa.array(["t" * 131072] * 4096).dictionary_encode()}})
+pq.write_table(table, {str(tmp_path / "dict.parquet")!r}, compression="zstd")
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+result = clean_files(Path({str(tmp_path / "work")!r}), {{"a.parquet": Path({str(tmp_path / "dict.parquet")!r}).read_bytes()}},
+                     DataConfig(max_chars=1 << 20, batch_bytes=1 << 16))
+assert result.metrics["rows_in"] == 4096 and result.reasons == {{"duplicate_text": 4095}}, result.reasons
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
+"""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[-1]) < 200  # MiB of growth; 792 before slices were bounded
