@@ -28,7 +28,7 @@ from aieng_core.data.readers import DATA_SUFFIXES, is_data_file
 from aieng_core.store import Artifact, ArtifactIntegrityError, ArtifactSpec, ArtifactStore, Produced, RunInfo
 
 KIND = asset_keys.RAW_DOCUMENTS
-CODE_VERSION = "raw_documents-v1"
+CODE_VERSION = "raw_documents-v2"  # v2: non-UTF-8 names snapshotted, sources carry their stored name
 FILES_DIR = "files"
 
 log = logging.getLogger("aieng.data")
