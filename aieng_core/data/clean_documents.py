@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import Counter
-from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from tests.e2e.test_cli_pipeline import make_env
 from tests.hostile.generator import IGNORED_ENTRIES, Case, hostile_cases, land_cases, odd_name_case
 
 pytestmark = pytest.mark.e2e
@@ -51,17 +51,9 @@ def _current_artifact(home: Path, kind: str) -> Path:
 
 
 def _materialize(root: Path) -> Run:
-    home, dagster_home = root / "aieng-home", root / "dagster"
-    dagster_home.mkdir(parents=True)
-    shutil.copy(REPO_ROOT / "configs" / "dagster.yaml", dagster_home / "dagster.yaml")
+    environment = make_env(root)
+    home, env = environment.home, environment.vars
     land_cases(home, PARTITION, CASES, extras=True)
-    env = dict(os.environ)
-    env.update(
-        AIENG_HOME=str(home),
-        DAGSTER_HOME=str(dagster_home),
-        AIENG_CONFIG="configs/tiny.yaml",
-        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
-    )
     log = root / "materialize.log"
     command = [DAGSTER, "asset", "materialize", "-m", "orchestration.definitions", "--select", "raw_documents,clean_documents", "--partition", PARTITION]
     timed_out = threading.Event()

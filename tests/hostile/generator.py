@@ -19,7 +19,7 @@ import os
 import struct
 import zlib
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from itertools import islice, product
 from pathlib import Path
