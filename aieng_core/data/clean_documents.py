@@ -234,9 +234,11 @@ def build_clean_documents(
         partition=partition,
         inputs=((RAW_KIND, raw.id),),
     )
-    return store.build(
-        spec, lambda staging: clean_partition(snapshot_files(raw), config.data, staging, logger, f"{KIND} {partition}"), run, logger
-    )
+
+    def produce(staging: Path) -> Produced:
+        return clean_partition(snapshot_files(store.check_input(raw)), config.data, staging, logger, f"{KIND} {partition}")
+
+    return store.build(spec, produce, run, logger)
 
 
 def row_accounting(artifact: Artifact) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from typing import Any
 
 from aieng_core import asset_keys
 from aieng_core.config import AiengConfig
+from aieng_core.data.clean_documents import KIND as CLEAN_KIND
 from aieng_core.data.tables import TOKENS_FILE, iter_batches
 from aieng_core.dataset.split import METHOD, TRAIN, VALIDATION, split_of
 from aieng_core.hashing import sha256_json
@@ -31,7 +32,7 @@ log = logging.getLogger("aieng.dataset")
 
 
 class StaleTokenization(RuntimeError):
-    """Some partitions were tokenized with a tokenizer that is no longer current."""
+    """Some partitions were tokenized with a tokenizer, or from clean text, that is no longer current."""
 
 
 def split_counts(tokens_path: Path, validation_fraction: float, seed: str, batch_rows: int) -> dict[str, int]:
@@ -42,6 +43,15 @@ def split_counts(tokens_path: Path, validation_fraction: float, seed: str, batch
             counts[f"{side}_rows"] += 1
             counts[f"{side}_tokens"] += num_tokens
     return {key: counts.get(key, 0) for key in (f"{TRAIN}_rows", f"{TRAIN}_tokens", f"{VALIDATION}_rows", f"{VALIDATION}_tokens")}
+
+
+def _clean_input(tokenized: Artifact) -> str | None:
+    return next((item["id"] for item in tokenized.manifest.get("inputs", []) if item["kind"] == CLEAN_KIND), None)
+
+
+def _current_id(store: ArtifactStore, kind: str, partition: str) -> str | None:
+    current = store.current(kind, partition)
+    return current.id if current is not None else None
 
 
 def build_dataset_manifest(store: ArtifactStore, config: AiengConfig, run: RunInfo = RunInfo(), logger: Any = log) -> Artifact:
@@ -57,6 +67,13 @@ def build_dataset_manifest(store: ArtifactStore, config: AiengConfig, run: RunIn
             f"re-materialize tokenized_documents for them, e.g. `dagster asset materialize -m orchestration.definitions "
             f"--select tokenized_documents --partition-range {stale[0]}...{stale[-1]}`"
         )
+    superseded = sorted(p for p, artifact in tokenized.items() if _clean_input(artifact) != _current_id(store, CLEAN_KIND, p))
+    if superseded:
+        raise StaleTokenization(
+            f"partitions {', '.join(superseded)} were tokenized from clean_documents artifacts that are no longer current; "
+            f"re-materialize tokenized_documents for them, e.g. `dagster asset materialize -m orchestration.definitions "
+            f"--select tokenized_documents --partition-range {superseded[0]}...{superseded[-1]}`"
+        )
     spec = ArtifactSpec(
         kind=KIND,
         code_version=CODE_VERSION,
@@ -65,6 +82,9 @@ def build_dataset_manifest(store: ArtifactStore, config: AiengConfig, run: RunIn
     )
 
     def produce(staging: Path) -> Produced:
+        store.check_input(tokenizer)
+        for artifact in tokenized.values():
+            store.check_input(artifact)
         dataset = config.dataset
         entries = []
         for partition in partitions:

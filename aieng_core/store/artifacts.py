@@ -108,6 +108,15 @@ class ArtifactIntegrityError(RuntimeError):
     """An artifact's files do not match its manifest."""
 
 
+class DamagedInput(ArtifactIntegrityError):
+    """An upstream artifact a step is about to build from does not match its manifest."""
+
+
+def rebuild_command(kind: str, partition: str | None) -> str:
+    where = f" --partition {partition}" if partition else ""
+    return f"dagster asset materialize -m orchestration.definitions --select {kind}{where}"
+
+
 @dataclass(frozen=True)
 class RunInfo:
     """Who is building: recorded in manifests, never part of an artifact's identity."""
@@ -275,6 +284,20 @@ class ArtifactStore:
         problems = self.verify(artifact)
         if problems:
             raise ArtifactIntegrityError(f"{artifact.kind} artifact {artifact.id} failed verification: " + "; ".join(problems))
+        return artifact
+
+    def check_input(self, artifact: Artifact) -> Artifact:
+        """Re-hash an upstream artifact before building from it. A damaged input would give
+        a wrong artifact under the right recipe id, reused forever; instead the step stops,
+        naming the file and how to rebuild the input (the same recipe is rebuilt, the
+        damaged copy moved aside)."""
+        problems = self.verify(artifact)
+        if problems:
+            partition = artifact.manifest.get("partition")
+            raise DamagedInput(
+                f"input {artifact.kind} artifact {artifact.id} is damaged ({'; '.join(problems[:3])}"
+                f"{'; ...' if len(problems) > 3 else ''}); rebuild it with `{rebuild_command(artifact.kind, partition)}`, then retry"
+            )
         return artifact
 
     # ---- current pointers ---------------------------------------------------------------

@@ -67,26 +67,33 @@ def round_trip_report(store: ArtifactStore, batch_rows: int, examples: int = 5) 
 
 
 def _pinned(store: ArtifactStore, config_sha256: str) -> Artifact | None:
+    """The current tokenizer, if it was made by this code version and config."""
     current = store.current(KIND)
     if current is None:
         return None
     if current.manifest.get("code_version") != CODE_VERSION or current.manifest.get("config_sha256") != config_sha256:
         return None
-    if store.verify(current):
-        return None
-    return Artifact(current.kind, current.id, current.path, current.manifest, reused=True)
+    return current
 
 
 def build_bpe_tokenizer(
     store: ArtifactStore, config: AiengConfig, retrain: bool = False, run: RunInfo = RunInfo(), logger: Any = log
 ) -> Artifact:
     config_sha256 = config.section_sha256("tokenizer")
-    if not retrain and (pinned := _pinned(store, config_sha256)) is not None:
-        return pinned
-    partitions = store.current_partitions(CLEAN_KIND)
-    if not partitions:
-        raise ArtifactNotFound("bpe_tokenizer needs clean text: materialize clean_documents for at least one partition first")
-    cleaned = [store.require_current(CLEAN_KIND, partition) for partition in partitions]
+    pinned = None if retrain else _pinned(store, config_sha256)
+    if pinned is not None and not store.verify(pinned):
+        return Artifact(pinned.kind, pinned.id, pinned.path, pinned.manifest, reused=True)
+    if pinned is not None:
+        # Damaged: rebuild the very same recipe (the clean artifacts it was trained on), so the
+        # id every tokenized partition names stays valid; store.build moves the damaged copy aside.
+        logger.warning(f"{KIND}: pinned tokenizer {pinned.id} is damaged; retraining it from its own inputs")
+        cleaned = [store.get(kind, input_id) for kind, input_id in ((i["kind"], i["id"]) for i in pinned.manifest["inputs"])]
+        partitions = [artifact.manifest["partition"] for artifact in cleaned]
+    else:
+        partitions = store.current_partitions(CLEAN_KIND)
+        if not partitions:
+            raise ArtifactNotFound("bpe_tokenizer needs clean text: materialize clean_documents for at least one partition first")
+        cleaned = [store.require_current(CLEAN_KIND, partition) for partition in partitions]
     spec = ArtifactSpec(
         kind=KIND,
         code_version=CODE_VERSION,
@@ -99,6 +106,8 @@ def build_bpe_tokenizer(
     def produce(staging: Path) -> Produced:
         progress = Progress(logger, KIND)
         progress.update(f"training a {config.tokenizer.vocab_size}-token BPE on {train_chars:,} characters from {len(partitions)} partitions", force=True)
+        for artifact in cleaned:
+            store.check_input(artifact)
         texts = capped(clean_texts(cleaned, config.data.batch_rows), config.tokenizer.max_training_chars)
         tokenizer = train_bpe(texts, config.tokenizer)
         save_tokenizer_dir(tokenizer, staging, config.tokenizer)

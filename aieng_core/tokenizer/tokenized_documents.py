@@ -87,6 +87,8 @@ def build_tokenized_documents(
     )
 
     def produce(staging: Path) -> Produced:
+        store.check_input(clean)
+        store.check_input(tokenizer)
         progress = Progress(logger, f"{KIND} {partition}")
         produced = tokenize_file(
             clean.file(CLEAN_FILE), tokenizer.path, config.tokenizer.eos_token, staging / TOKENS_FILE, config.data.batch_rows, progress

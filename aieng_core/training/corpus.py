@@ -22,7 +22,7 @@ def split_token_streams(store: ArtifactStore, dataset_artifact: Artifact) -> tup
     fraction, seed = dataset["split"]["validation_fraction"], dataset["split"]["seed"]
     streams: dict[bool, list[np.ndarray]] = {True: [], False: []}
     for partition in sorted(dataset["artifacts"]):
-        tokenized = store.check(store.get(TOKENIZED_KIND, dataset["artifacts"][partition]))
+        tokenized = store.check_input(store.get(TOKENIZED_KIND, dataset["artifacts"][partition]))
         for batch in iter_batches(tokenized.file(TOKENS_FILE), columns=["id", "input_ids"]):
             lists = batch.column(1)
             flat = np.asarray(lists.flatten())

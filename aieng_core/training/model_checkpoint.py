@@ -61,7 +61,7 @@ def build_model_checkpoint(
     on_step: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> Artifact:
     dataset = store.require_current(DATASET_KIND)
-    tokenizer = store.check(store.get(TOKENIZER_KIND, dataset.manifest["tokenizer_id"]))
+    tokenizer = store.check_input(store.get(TOKENIZER_KIND, dataset.manifest["tokenizer_id"]))
     device = pick_device(config.training.device)
     spec = ArtifactSpec(
         kind=KIND,
@@ -74,6 +74,7 @@ def build_model_checkpoint(
     work_dir = work_dir_for(store, spec.artifact_id())
 
     def produce(staging: Path) -> Produced:
+        store.check_input(dataset)
         model_config = model_config_for(config, tokenizer.path)
         train_tokens, validation_tokens = split_token_streams(store, dataset)
         baseline = unigram_cross_entropy(train_tokens, validation_tokens, model_config.vocab_size)
