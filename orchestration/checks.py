@@ -7,8 +7,6 @@ import dagster as dg
 from aieng_core.data.clean_documents import KIND as CLEAN_KIND
 from aieng_core.data.clean_documents import row_accounting
 from aieng_core.dataset.consistency import tokenized_consistency
-from aieng_core.model.checkpoint import checkpoint_config, non_finite_tensors, stored_parameters
-from aieng_core.model.llama import expected_parameters
 from aieng_core.store import ArtifactStore
 from aieng_core.tokenizer.bpe_tokenizer import round_trip_report
 from orchestration.assets.data import clean_documents, raw_documents
@@ -113,6 +111,8 @@ ALL_CHECKS = [raw_snapshot_intact, rows_accounted_for, tokenizer_round_trips, to
 
 @dg.asset_check(asset=model_checkpoint, blocking=True, description="Every weight is finite: no NaN or inf.")
 def weights_finite(aieng: AiengResource) -> dg.AssetCheckResult:
+    from aieng_core.model.checkpoint import non_finite_tensors  # torch: imported only when a model check runs
+
     artifact = aieng.store().require_current(model_checkpoint.key.to_user_string())
     bad = non_finite_tensors(artifact)
     return dg.AssetCheckResult(passed=not bad, metadata={"non_finite_tensors": ", ".join(bad) or "none"})
@@ -129,6 +129,9 @@ def beats_unigram_baseline(aieng: AiengResource) -> dg.AssetCheckResult:
 
 @dg.asset_check(asset=model_checkpoint, blocking=True, description="The weights hold exactly the parameters the config implies.")
 def parameter_count_matches_config(aieng: AiengResource) -> dg.AssetCheckResult:
+    from aieng_core.model.checkpoint import checkpoint_config, stored_parameters
+    from aieng_core.model.llama import expected_parameters
+
     artifact = aieng.store().require_current(model_checkpoint.key.to_user_string())
     stored, expected = stored_parameters(artifact), expected_parameters(checkpoint_config(artifact))
     return dg.AssetCheckResult(passed=stored == expected, metadata={"stored": stored, "expected_from_config": expected})

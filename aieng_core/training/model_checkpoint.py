@@ -13,21 +13,23 @@ import logging
 import math
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from aieng_core import asset_keys
 from aieng_core.config import AiengConfig
 from aieng_core.dataset.dataset_manifest import KIND as DATASET_KIND
 from aieng_core.hashing import sha256_file, sha256_json
-from aieng_core.model.checkpoint import CONFIG_FILE, GENERATION_CONFIG_FILE, MODEL_FILE, save_model_dir
-from aieng_core.model.llama import LlamaConfig
 from aieng_core.model.memory import memory_budget
 from aieng_core.store import Artifact, ArtifactSpec, ArtifactStore, Produced, RunInfo
 from aieng_core.tokenizer.bpe import TOKENIZER_FILES, load_tokenizer, special_token_id
 from aieng_core.tokenizer.bpe_tokenizer import KIND as TOKENIZER_KIND
-from aieng_core.training.corpus import split_token_streams, unigram_cross_entropy
-from aieng_core.training.plot import loss_curve_png
-from aieng_core.training.trainer import pick_device, train
+
+if TYPE_CHECKING:
+    from aieng_core.model.llama import LlamaConfig
+
+# torch and matplotlib are imported inside the functions that train and plot: the Dagster
+# code location imports this module to define the asset, and a data-only materialization
+# should not pay their import time.
 
 KIND = asset_keys.MODEL_CHECKPOINT
 CODE_VERSION = "model_checkpoint-v1"
@@ -38,6 +40,8 @@ log = logging.getLogger("aieng.training")
 
 
 def model_config_for(config: AiengConfig, tokenizer_dir: Path) -> LlamaConfig:
+    from aieng_core.model.llama import LlamaConfig
+
     tokenizer = load_tokenizer(tokenizer_dir)
     eos = special_token_id(tokenizer, config.tokenizer.eos_token)
     return LlamaConfig(
@@ -60,6 +64,11 @@ def build_model_checkpoint(
     logger: Any = log,
     on_step: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> Artifact:
+    from aieng_core.model.checkpoint import CONFIG_FILE, GENERATION_CONFIG_FILE, MODEL_FILE, save_model_dir
+    from aieng_core.training.corpus import split_token_streams, unigram_cross_entropy
+    from aieng_core.training.plot import loss_curve_png
+    from aieng_core.training.trainer import pick_device, train
+
     dataset = store.require_current(DATASET_KIND)
     tokenizer = store.check_input(store.get(TOKENIZER_KIND, dataset.manifest["tokenizer_id"]))
     device = pick_device(config.training.device)

@@ -1,0 +1,54 @@
+"""Code versions are tied to the code: changing a stage's source without bumping its
+CODE_VERSION fails here, before an artifact id can name two contents."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from aieng_core import code_versions
+
+
+def copy_package(tmp_path: Path) -> Path:
+    copy = tmp_path / "aieng_core"
+    shutil.copytree(code_versions.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
+
+
+def test_every_stage_version_is_locked_to_its_source() -> None:
+    assert code_versions.problems() == []
+    assert set(code_versions.STAGE_SOURCES) == set(code_versions.read_lock())
+
+
+def test_a_code_change_without_a_version_bump_is_caught(tmp_path: Path, monkeypatch) -> None:
+    copy = copy_package(tmp_path)
+    cleaning = copy / "data" / "cleaning.py"
+    cleaning.write_text(cleaning.read_text(encoding="utf-8").replace("MAX_COMBINING_RUN = 30", "MAX_COMBINING_RUN = 31"), encoding="utf-8")
+    monkeypatch.setattr(code_versions, "PACKAGE", copy)
+    (problem,) = code_versions.problems()
+    assert problem.startswith("clean_documents: its source changed but CODE_VERSION is still 'clean_documents-v2'")
+
+
+def test_comments_docstrings_and_formatting_need_no_bump(tmp_path: Path, monkeypatch) -> None:
+    copy = copy_package(tmp_path)
+    readers = copy / "data" / "readers.py"
+    source = readers.read_text(encoding="utf-8")
+    source = source.replace('"""Reading landed files', '"""Reworded: reading landed files', 1)
+    source = source.replace("def is_data_file(name: str) -> bool:\n", "# a new comment\ndef is_data_file(name: str) -> bool:  # and another\n\n")
+    readers.write_text(source, encoding="utf-8")
+    monkeypatch.setattr(code_versions, "PACKAGE", copy)
+    assert code_versions.problems() == []
+
+
+def test_lock_refuses_to_give_a_version_another_source(tmp_path: Path, monkeypatch) -> None:
+    copy = copy_package(tmp_path)
+    bpe = copy / "tokenizer" / "bpe.py"
+    bpe.write_text(bpe.read_text(encoding="utf-8") + "\nEXTRA = 1\n", encoding="utf-8")
+    lock_copy = tmp_path / "code_versions.json"
+    shutil.copy(code_versions.LOCK_FILE, lock_copy)
+    before = lock_copy.read_bytes()
+    monkeypatch.setattr(code_versions, "PACKAGE", copy)
+    monkeypatch.setattr(code_versions, "LOCK_FILE", lock_copy)
+    refused = code_versions.lock()
+    assert {problem.split(":")[0] for problem in refused} == {"bpe_tokenizer", "tokenized_documents", "model_checkpoint"}
+    assert lock_copy.read_bytes() == before  # nothing recorded
