@@ -16,8 +16,8 @@ from typing import Any
 
 from aieng_core import asset_keys
 from aieng_core.config import AiengConfig
-from aieng_core.data.clean_documents import KIND as CLEAN_KIND
 from aieng_core.data.tables import TOKENS_FILE, iter_batches
+from aieng_core.dataset.consistency import staleness
 from aieng_core.dataset.split import METHOD, TRAIN, VALIDATION, split_of
 from aieng_core.hashing import sha256_json
 from aieng_core.store import Artifact, ArtifactNotFound, ArtifactSpec, ArtifactStore, Produced, RunInfo
@@ -45,34 +45,21 @@ def split_counts(tokens_path: Path, validation_fraction: float, seed: str, batch
     return {key: counts.get(key, 0) for key in (f"{TRAIN}_rows", f"{TRAIN}_tokens", f"{VALIDATION}_rows", f"{VALIDATION}_tokens")}
 
 
-def _clean_input(tokenized: Artifact) -> str | None:
-    return next((item["id"] for item in tokenized.manifest.get("inputs", []) if item["kind"] == CLEAN_KIND), None)
-
-
-def _current_id(store: ArtifactStore, kind: str, partition: str) -> str | None:
-    current = store.current(kind, partition)
-    return current.id if current is not None else None
-
-
 def build_dataset_manifest(store: ArtifactStore, config: AiengConfig, run: RunInfo = RunInfo(), logger: Any = log) -> Artifact:
     tokenizer = store.require_current(TOKENIZER_KIND)
     partitions = store.current_partitions(TOKENIZED_KIND)
     if not partitions:
         raise ArtifactNotFound("dataset_manifest needs tokenized_documents for at least one partition")
     tokenized = {partition: store.require_current(TOKENIZED_KIND, partition) for partition in partitions}
-    stale = sorted(p for p, artifact in tokenized.items() if artifact.manifest.get("tokenizer_id") != tokenizer.id)
+    stale = {p: why for p, artifact in tokenized.items() if (why := staleness(store, p, artifact, tokenizer.id))}
     if stale:
+        first, last = min(stale), max(stale)
+        reasons = [why for p in sorted(stale) for why in stale[p]]
         raise StaleTokenization(
-            f"partitions {', '.join(stale)} were tokenized with another tokenizer than the current one ({tokenizer.id}); "
-            f"re-materialize tokenized_documents for them, e.g. `dagster asset materialize -m orchestration.definitions "
-            f"--select tokenized_documents --partition-range {stale[0]}...{stale[-1]}`"
-        )
-    superseded = sorted(p for p, artifact in tokenized.items() if _clean_input(artifact) != _current_id(store, CLEAN_KIND, p))
-    if superseded:
-        raise StaleTokenization(
-            f"partitions {', '.join(superseded)} were tokenized from clean_documents artifacts that are no longer current; "
-            f"re-materialize tokenized_documents for them, e.g. `dagster asset materialize -m orchestration.definitions "
-            f"--select tokenized_documents --partition-range {superseded[0]}...{superseded[-1]}`"
+            f"partitions {', '.join(sorted(stale))} were not tokenized from the current clean_documents with the current "
+            f"tokenizer ({tokenizer.id}): {'; '.join(reasons[:6])}{'; ...' if len(reasons) > 6 else ''}. Re-materialize "
+            f"tokenized_documents for them, e.g. `dagster asset materialize -m orchestration.definitions "
+            f"--select tokenized_documents --partition-range {first}...{last}`"
         )
     spec = ArtifactSpec(
         kind=KIND,

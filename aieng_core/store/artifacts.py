@@ -47,7 +47,7 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def validate_name(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value) or ".." in value:
+    if not isinstance(value, str) or not is_valid_name(value):
         raise InvalidArtifactName(f"invalid {what} {value!r}: expected letters, digits, '.', '_' or '-' (no '..'), at most 128")
     return value
 

@@ -87,7 +87,7 @@ def build_bpe_tokenizer(
         # Damaged: rebuild the very same recipe (the clean artifacts it was trained on), so the
         # id every tokenized partition names stays valid; store.build moves the damaged copy aside.
         logger.warning(f"{KIND}: pinned tokenizer {pinned.id} is damaged; retraining it from its own inputs")
-        cleaned = [store.get(kind, input_id) for kind, input_id in ((i["kind"], i["id"]) for i in pinned.manifest["inputs"])]
+        cleaned = [store.get(item["kind"], item["id"]) for item in pinned.manifest["inputs"]]
         partitions = [artifact.manifest["partition"] for artifact in cleaned]
     else:
         partitions = store.current_partitions(CLEAN_KIND)
