@@ -70,7 +70,9 @@ def cmd_model_train(args: argparse.Namespace) -> int:
     from aieng_core.training.model_checkpoint import build_model_checkpoint
 
     config = load_config(args.config)
-    with tqdm(total=config.training.max_steps, desc="training", unit="step", file=sys.stderr, disable=args.no_progress) as bar:
+    with tqdm(
+        total=config.training.max_steps, desc="training", unit="step", file=sys.stderr, disable=args.no_progress
+    ) as bar:
 
         def on_step(step: int, record: dict[str, Any]) -> None:
             bar.update(step - bar.n)
@@ -102,7 +104,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ValueError(f"benchmark suite {args.suite!r} is not available yet; choose 'data' or 'model'")
     from aieng_core.bench.data_bench import format_results, run_data_bench
 
-    _emit(run_data_bench(size_mb=args.size_mb, large_mb=args.large_mb, out=args.out, config=args.config), args.json, format_results)
+    _emit(
+        run_data_bench(size_mb=args.size_mb, large_mb=args.large_mb, out=args.out, config=args.config),
+        args.json,
+        format_results,
+    )
     return 0
 
 
@@ -141,7 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     model = commands.add_parser("model", help="the language model")
     model_commands = model.add_subparsers(dest="model_command", required=True, metavar="SUBCOMMAND")
-    train = model_commands.add_parser("train", help="train model_checkpoint on the current dataset_manifest (or reuse it)")
+    train = model_commands.add_parser(
+        "train", help="train model_checkpoint on the current dataset_manifest (or reuse it)"
+    )
     train.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     train.add_argument("--json", action="store_true")
     train.set_defaults(handler=cmd_model_train)
@@ -149,7 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="side-by-side benchmarks against peers, as JSON")
     bench.add_argument("suite", nargs="?", default="data", choices=["data", "model", "serving"])
     bench.add_argument("--size-mb", type=float, default=20.0, help="size of the synthetic partition (default 20)")
-    bench.add_argument("--large-mb", type=float, default=200.0, help="size of the large partition for the memory run (default 200)")
+    bench.add_argument(
+        "--large-mb", type=float, default=200.0, help="size of the large partition for the memory run (default 200)"
+    )
     bench.add_argument("--out", help="also write the JSON results to this file")
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(handler=cmd_bench)
@@ -159,7 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s", stream=sys.stderr
+    )
     if getattr(args, "days", 1) is not None and getattr(args, "days", 1) < 1:
         parser.error("--days must be at least 1")
     try:

@@ -45,7 +45,10 @@ STAGE_SOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
             "hashing.py",
         ),
     ),
-    "bpe_tokenizer": ("aieng_core.tokenizer.bpe_tokenizer", ("tokenizer/bpe_tokenizer.py", "tokenizer/bpe.py", "hashing.py")),
+    "bpe_tokenizer": (
+        "aieng_core.tokenizer.bpe_tokenizer",
+        ("tokenizer/bpe_tokenizer.py", "tokenizer/bpe.py", "hashing.py"),
+    ),
     "tokenized_documents": (
         "aieng_core.tokenizer.tokenized_documents",
         ("tokenizer/tokenized_documents.py", "tokenizer/bpe.py", "data/tables.py", "hashing.py"),
@@ -77,7 +80,11 @@ def _without_docstrings(tree: ast.AST) -> ast.AST:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 node.body = node.body[1:] or [ast.Pass()]
     return tree
 
@@ -106,7 +113,9 @@ def problems() -> list[str]:
         locked = lock.get(stage, {}).get(version)
         source = source_sha256(stage)
         if locked is None:
-            found.append(f"{stage}: {version} is not in {LOCK_FILE.name}; run `python -m aieng_core.code_versions --lock`")
+            found.append(
+                f"{stage}: {version} is not in {LOCK_FILE.name}; run `python -m aieng_core.code_versions --lock`"
+            )
         elif locked != source:
             found.append(
                 f"{stage}: its source changed but CODE_VERSION is still {version!r}; bump it (the artifacts it made "

@@ -49,7 +49,9 @@ class DataConfig(_Section):
         if self.min_chars > self.max_chars:
             raise ValueError(f"min_chars ({self.min_chars}) must not exceed max_chars ({self.max_chars})")
         if self.max_record_bytes > self.max_file_bytes:
-            raise ValueError(f"max_record_bytes ({self.max_record_bytes}) must not exceed max_file_bytes ({self.max_file_bytes})")
+            raise ValueError(
+                f"max_record_bytes ({self.max_record_bytes}) must not exceed max_file_bytes ({self.max_file_bytes})"
+            )
         return self
 
     @field_validator("fallback_encodings")
@@ -131,7 +133,9 @@ class TrainingConfig(_Section):
     @model_validator(mode="after")
     def _schedule_fits(self) -> "TrainingConfig":
         if self.min_learning_rate > self.learning_rate:
-            raise ValueError(f"min_learning_rate ({self.min_learning_rate}) must not exceed learning_rate ({self.learning_rate})")
+            raise ValueError(
+                f"min_learning_rate ({self.min_learning_rate}) must not exceed learning_rate ({self.learning_rate})"
+            )
         return self
 
 

@@ -76,13 +76,20 @@ class ColumnHasher:
             self._values[name].update(values)
 
     def hexdigest(self) -> str:
-        return sha256_json({name: [self._lengths[name].hexdigest(), self._values[name].hexdigest()] for name in self.columns})
+        return sha256_json(
+            {name: [self._lengths[name].hexdigest(), self._values[name].hexdigest()] for name in self.columns}
+        )
 
 
 def _column_parts(array: pa.Array) -> tuple[bytes, bytes | memoryview]:
     nulls = np.asarray(array.is_null())
     kind = array.type
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+    if (
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+    ):
         width = np.int64 if (pa.types.is_large_string(kind) or pa.types.is_large_binary(kind)) else np.int32
         offsets = np.frombuffer(array.buffers()[1], dtype=width)[array.offset : array.offset + len(array) + 1]
         lengths = np.diff(offsets).astype("<i8")

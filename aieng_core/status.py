@@ -35,7 +35,12 @@ def pipeline_status(store: ArtifactStore) -> dict[str, Any]:
 
 
 def _summary(artifact) -> dict[str, Any]:
-    return {"id": artifact.id, "content_sha256": artifact.content_sha256, "path": str(artifact.path), "metrics": artifact.metrics}
+    return {
+        "id": artifact.id,
+        "content_sha256": artifact.content_sha256,
+        "path": str(artifact.path),
+        "metrics": artifact.metrics,
+    }
 
 
 def format_status(status: dict[str, Any]) -> str:
@@ -48,10 +53,15 @@ def format_status(status: dict[str, Any]) -> str:
         for partition, item in assets[kind].items():
             lines.append(f"  {partition}  {item['id']}  {PARTITION_SUMMARY[kind](item['metrics'])}")
     tokenizer, manifest = assets[TOKENIZER_KIND], assets[MANIFEST_KIND]
-    lines.append(f"{TOKENIZER_KIND}: " + (f"{tokenizer['id']}  vocabulary {tokenizer['metrics']['vocab_size']}" if tokenizer else "(none)"))
+    lines.append(
+        f"{TOKENIZER_KIND}: "
+        + (f"{tokenizer['id']}  vocabulary {tokenizer['metrics']['vocab_size']}" if tokenizer else "(none)")
+    )
     if manifest:
         m = manifest["metrics"]
-        lines.append(f"{MANIFEST_KIND}: {manifest['id']}  {m['partitions']} partitions, {m['rows']} documents, {m['tokens']:,} tokens")
+        lines.append(
+            f"{MANIFEST_KIND}: {manifest['id']}  {m['partitions']} partitions, {m['rows']} documents, {m['tokens']:,} tokens"
+        )
         lines.append(f"  data version (content sha256) {manifest['content_sha256']}")
         lines.append(f"  {manifest['path']}")
     else:

@@ -24,7 +24,9 @@ def run_partitions(context: dg.AssetCheckExecutionContext, store: ArtifactStore,
     if "dagster/partition" in tags:
         return [tags["dagster/partition"]]
     if "dagster/asset_partition_range_start" in tags:
-        key_range = dg.PartitionKeyRange(tags["dagster/asset_partition_range_start"], tags["dagster/asset_partition_range_end"])
+        key_range = dg.PartitionKeyRange(
+            tags["dagster/asset_partition_range_start"], tags["dagster/asset_partition_range_end"]
+        )
         return list(daily_partitions.get_partition_keys_in_range(key_range))
     return store.current_partitions(kind)
 
@@ -59,13 +61,19 @@ def raw_snapshot_intact(context: dg.AssetCheckExecutionContext, aieng: AiengReso
 )
 def rows_accounted_for(context: dg.AssetCheckExecutionContext, aieng: AiengResource) -> dg.AssetCheckResult:
     store = aieng.store()
-    results = {p: row_accounting(store.require_current(CLEAN_KIND, p)) for p in run_partitions(context, store, CLEAN_KIND)}
+    results = {
+        p: row_accounting(store.require_current(CLEAN_KIND, p)) for p in run_partitions(context, store, CLEAN_KIND)
+    }
     failed = sorted(p for p, result in results.items() if not result["passed"])
     problems = [f"{p}: {problem}" for p in failed for problem in results[p]["problems"]]
     return dg.AssetCheckResult(
         passed=bool(results) and not failed,
         description=("row counts do not add up: " + "; ".join(problems[:5])) if failed else None,
-        metadata={"partitions_checked": len(results), "failed_partitions": ", ".join(failed) or "none", "counts": dg.MetadataValue.json(results)},
+        metadata={
+            "partitions_checked": len(results),
+            "failed_partitions": ", ".join(failed) or "none",
+            "counts": dg.MetadataValue.json(results),
+        },
     )
 
 
@@ -78,7 +86,9 @@ def tokenizer_round_trips(aieng: AiengResource) -> dg.AssetCheckResult:
     report = round_trip_report(aieng.store(), aieng.settings().data.batch_rows)
     return dg.AssetCheckResult(
         passed=report["passed"],
-        description=f"{report['failures']} of {report['texts_checked']} clean rows do not round-trip" if report["failures"] else None,
+        description=f"{report['failures']} of {report['texts_checked']} clean rows do not round-trip"
+        if report["failures"]
+        else None,
         metadata={
             "partitions_checked": len(report["partitions"]),
             "texts_checked": report["texts_checked"],
@@ -97,7 +107,10 @@ def tokenized_matches_clean(aieng: AiengResource) -> dg.AssetCheckResult:
     result = tokenized_consistency(aieng.store())
     return dg.AssetCheckResult(
         passed=result["passed"],
-        metadata={"partitions_checked": len(result["partitions"]), "problems": dg.MetadataValue.json(result["problems"])},
+        metadata={
+            "partitions_checked": len(result["partitions"]),
+            "problems": dg.MetadataValue.json(result["problems"]),
+        },
     )
 
 
@@ -106,7 +119,13 @@ def dataset_manifest_intact(aieng: AiengResource) -> dg.AssetCheckResult:
     return _verify_current(aieng.store(), dataset_manifest.key.to_user_string(), [None])
 
 
-ALL_CHECKS = [raw_snapshot_intact, rows_accounted_for, tokenizer_round_trips, tokenized_matches_clean, dataset_manifest_intact]
+ALL_CHECKS = [
+    raw_snapshot_intact,
+    rows_accounted_for,
+    tokenizer_round_trips,
+    tokenized_matches_clean,
+    dataset_manifest_intact,
+]
 
 
 @dg.asset_check(asset=model_checkpoint, blocking=True, description="Every weight is finite: no NaN or inf.")
@@ -123,11 +142,16 @@ def beats_unigram_baseline(aieng: AiengResource) -> dg.AssetCheckResult:
     metrics = aieng.store().require_current(model_checkpoint.key.to_user_string()).metrics
     return dg.AssetCheckResult(
         passed=metrics["validation_loss"] < metrics["unigram_baseline_loss"],
-        metadata={"validation_loss": metrics["validation_loss"], "unigram_baseline_loss": metrics["unigram_baseline_loss"]},
+        metadata={
+            "validation_loss": metrics["validation_loss"],
+            "unigram_baseline_loss": metrics["unigram_baseline_loss"],
+        },
     )
 
 
-@dg.asset_check(asset=model_checkpoint, blocking=True, description="The weights hold exactly the parameters the config implies.")
+@dg.asset_check(
+    asset=model_checkpoint, blocking=True, description="The weights hold exactly the parameters the config implies."
+)
 def parameter_count_matches_config(aieng: AiengResource) -> dg.AssetCheckResult:
     from aieng_core.model.checkpoint import checkpoint_config, stored_parameters
     from aieng_core.model.llama import expected_parameters

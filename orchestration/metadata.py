@@ -38,7 +38,9 @@ def _preview(value: Any) -> Any:
 def table(rows: list[dict[str, Any]], columns: list[str]) -> dg.MetadataValue:
     """A sample table; long texts are cut to a preview."""
     schema = dg.TableSchema(
-        columns=[dg.TableColumn(name, "int" if rows and isinstance(rows[0].get(name), int) else "string") for name in columns]
+        columns=[
+            dg.TableColumn(name, "int" if rows and isinstance(rows[0].get(name), int) else "string") for name in columns
+        ]
     )
     records = [dg.TableRecord({name: _preview(row.get(name)) for name in columns}) for row in rows]
     return dg.MetadataValue.table(records=records, schema=schema)

@@ -61,7 +61,10 @@ def write_synthetic_partition(folder: Path, target_bytes: int) -> Path:
     with open(path, "wb") as out:
         while written < target_bytes:
             for doc in docs:
-                line = json.dumps({"id": f"{doc.id}#{copy}", "text": f"Copy {copy}. {doc.text}", "source": doc.source}) + "\n"
+                line = (
+                    json.dumps({"id": f"{doc.id}#{copy}", "text": f"Copy {copy}. {doc.text}", "source": doc.source})
+                    + "\n"
+                )
                 data = line.encode("utf-8")
                 out.write(data)
                 written += len(data)
@@ -149,7 +152,9 @@ def bench_clean_validate(path: Path, batch_rows: int, data_config) -> dict[str, 
             except ValidationError:
                 pass
 
-    best = _interleaved_best(3, {"ours": cleaner_run(validate_batch), "per_row": cleaner_run(validate_per_row), "seeds": seeds})
+    best = _interleaved_best(
+        3, {"ours": cleaner_run(validate_batch), "per_row": cleaner_run(validate_per_row), "seeds": seeds}
+    )
     return {
         "records": len(records),
         "text_mb": text_bytes / 1e6,
@@ -163,7 +168,9 @@ def bench_clean_validate(path: Path, batch_rows: int, data_config) -> dict[str, 
 
 def _clean_texts(store: ArtifactStore, partition: str) -> list[str]:
     clean = store.require_current("clean_documents", partition)
-    return [text for batch in iter_batches(clean.file(CLEAN_FILE), columns=["text"]) for text in batch.column(0).to_pylist()]
+    return [
+        text for batch in iter_batches(clean.file(CLEAN_FILE), columns=["text"]) for text in batch.column(0).to_pylist()
+    ]
 
 
 def bench_encode_batch(store: ArtifactStore, partition: str) -> dict[str, Any]:
@@ -175,11 +182,17 @@ def bench_encode_batch(store: ArtifactStore, partition: str) -> dict[str, Any]:
 
 def bench_hashing(store: ArtifactStore, raw_path: Path, partition: str) -> dict[str, Any]:
     data = raw_path.read_bytes()
-    timings = _interleaved_best(7, {"ours": lambda: sha256_file(raw_path), "hashlib": lambda: hashlib.sha256(data).hexdigest()})
+    timings = _interleaved_best(
+        7, {"ours": lambda: sha256_file(raw_path), "hashlib": lambda: hashlib.sha256(data).hexdigest()}
+    )
     file_s, peer_file_s = timings["ours"], timings["hashlib"]
-    batches = list(iter_batches(store.require_current("clean_documents", partition).file(CLEAN_FILE), columns=["id", "text"]))
+    batches = list(
+        iter_batches(store.require_current("clean_documents", partition).file(CLEAN_FILE), columns=["id", "text"])
+    )
     rows = sum(batch.num_rows for batch in batches)
-    joined = b"".join(value.encode("utf-8") for batch in batches for column in batch.columns for value in column.to_pylist())
+    joined = b"".join(
+        value.encode("utf-8") for batch in batches for column in batch.columns for value in column.to_pylist()
+    )
     row_bytes = len(joined)
 
     def ours_rows() -> None:
@@ -213,7 +226,9 @@ def run_partition(home: Path, config_path: Path, partition: str) -> dict[str, An
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def run_data_bench(size_mb: float = 20.0, large_mb: float = 200.0, out: str | None = None, config: str | None = None) -> dict[str, Any]:
+def run_data_bench(
+    size_mb: float = 20.0, large_mb: float = 200.0, out: str | None = None, config: str | None = None
+) -> dict[str, Any]:
     config_path = resolve_config_path(config or "configs/pipeline.yaml")
     settings = load_config(config_path)
     work = Path(tempfile.mkdtemp(prefix="aieng-bench-"))
@@ -288,5 +303,8 @@ def format_results(results: dict[str, Any]) -> str:
         f"large partition  {m['large']['bytes'] / 1e6:.0f} MB: peak RSS {m['large_peak_rss_mib']:.0f} MiB, time x{m['time_ratio']:.2f} for x{m['size_ratio']:.1f} the data",
         "goals:",
     ]
-    lines += [f"  {'met ' if g['met'] else 'MISS'}  {name}: {g['value']} (goal {g['goal']})" for name, g in results["goals"].items()]
+    lines += [
+        f"  {'met ' if g['met'] else 'MISS'}  {name}: {g['value']} (goal {g['goal']})"
+        for name, g in results["goals"].items()
+    ]
     return "\n".join(lines)

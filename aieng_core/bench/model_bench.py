@@ -72,7 +72,11 @@ def run_model_bench(steps: int = 30, out: str | None = None, config: str | None 
     ours = LlamaForCausalLM(model_config)
     generator = torch.Generator().manual_seed(training.seed)
     batches = [
-        (lambda w: (w[:, :-1], w[:, 1:]))(torch.randint(0, model_config.vocab_size, (training.batch_size, training.block_size + 1), generator=generator))
+        (lambda w: (w[:, :-1], w[:, 1:]))(
+            torch.randint(
+                0, model_config.vocab_size, (training.batch_size, training.block_size + 1), generator=generator
+            )
+        )
         for _ in range(steps + 3)
     ]
     tokens_per_step = training.batch_size * training.block_size
@@ -84,7 +88,9 @@ def run_model_bench(steps: int = 30, out: str | None = None, config: str | None 
         ours_sps, hf_sps = _interleaved(
             [
                 _Trainer(ours, lambda x, y: ours(x, y)[1]),
-                _Trainer(hf, lambda x, y: F.cross_entropy(hf(input_ids=x).logits.float().view(-1, vocab), y.reshape(-1))),
+                _Trainer(
+                    hf, lambda x, y: F.cross_entropy(hf(input_ids=x).logits.float().view(-1, vocab), y.reshape(-1))
+                ),
             ],
             batches,
             warmup=3,
@@ -119,7 +125,12 @@ def run_model_bench(steps: int = 30, out: str | None = None, config: str | None 
         results = {
             "suite": "model",
             "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "python": platform.python_version(), "platform": platform.platform()},
+            "machine": {
+                "cpus": os.cpu_count(),
+                "torch_threads": torch.get_num_threads(),
+                "python": platform.python_version(),
+                "platform": platform.platform(),
+            },
             "model": {"parameters": ours.num_parameters(), "config": model_config.to_hf_dict()},
             "training": {
                 "steps_measured": steps,

@@ -120,7 +120,12 @@ class ByteSource:
                     continue
                 if error == "limit":
                     segments.append(
-                        _Segment(position, size, produced, f"compressed bytes {position}-{size} not read: over data.max_file_bytes ({self.limit}) decompressed")
+                        _Segment(
+                            position,
+                            size,
+                            produced,
+                            f"compressed bytes {position}-{size} not read: over data.max_file_bytes ({self.limit}) decompressed",
+                        )
                     )
                     break
                 total += produced

@@ -128,7 +128,11 @@ class PartitionCleaner:
                 continue
             if len(result["text"]) > NFC_MAX_SHRINK * self.config.max_chars:
                 # Rejected before any Unicode work: nothing can bring it within max_chars.
-                reject(record, reasons.TOO_LONG, f"{len(result['text'])} characters before cleaning, over {NFC_MAX_SHRINK} x max_chars ({self.config.max_chars})")
+                reject(
+                    record,
+                    reasons.TOO_LONG,
+                    f"{len(result['text'])} characters before cleaning, over {NFC_MAX_SHRINK} x max_chars ({self.config.max_chars})",
+                )
                 continue
             try:
                 text = clean_text(result["text"])
@@ -136,14 +140,22 @@ class PartitionCleaner:
                 reject(record, reasons.EXCESSIVE_COMBINING_MARKS, str(exc))
                 continue
             if not text or is_blank(text):
-                reject(record, reasons.EMPTY_TEXT, "text is empty, or only whitespace and invisible characters, after cleaning")
+                reject(
+                    record,
+                    reasons.EMPTY_TEXT,
+                    "text is empty, or only whitespace and invisible characters, after cleaning",
+                )
                 continue
             length = len(text)
             if length < self.config.min_chars:
-                reject(record, reasons.TOO_SHORT, f"{length} characters after cleaning, minimum is {self.config.min_chars}")
+                reject(
+                    record, reasons.TOO_SHORT, f"{length} characters after cleaning, minimum is {self.config.min_chars}"
+                )
                 continue
             if length > self.config.max_chars:
-                reject(record, reasons.TOO_LONG, f"{length} characters after cleaning, maximum is {self.config.max_chars}")
+                reject(
+                    record, reasons.TOO_LONG, f"{length} characters after cleaning, maximum is {self.config.max_chars}"
+                )
                 continue
             doc_id = result["id"]
             if doc_id in self.seen_ids:
@@ -182,7 +194,9 @@ class PartitionCleaner:
         }
 
 
-def clean_partition(files: list[tuple[str, Path]], config: DataConfig, out_dir: Path, logger: Any = log, label: str = KIND) -> Produced:
+def clean_partition(
+    files: list[tuple[str, Path]], config: DataConfig, out_dir: Path, logger: Any = log, label: str = KIND
+) -> Produced:
     """Stream `files` (name, path) through the cleaner into out_dir/{clean,quarantine}.parquet."""
     cleaner = PartitionCleaner(config)
     limits = ReadLimits.from_config(config)
@@ -198,12 +212,15 @@ def clean_partition(files: list[tuple[str, Path]], config: DataConfig, out_dir: 
             yield from landed.records()
             tally = {"name": name, **landed.tally()}
             if tally["expected"] != tally["read"]:
-                logger.error(f"{label}: {name}: read {tally['read']} records but the file holds {tally['expected']} ({tally['count_source']})")
+                logger.error(
+                    f"{label}: {name}: read {tally['read']} records but the file holds {tally['expected']} ({tally['count_source']})"
+                )
             tallies.append(tally)
 
-    with parquet_writer(out_dir / CLEAN_FILE, CLEAN_SCHEMA) as clean_out, parquet_writer(
-        out_dir / QUARANTINE_FILE, QUARANTINE_SCHEMA
-    ) as quarantine_out:
+    with (
+        parquet_writer(out_dir / CLEAN_FILE, CLEAN_SCHEMA) as clean_out,
+        parquet_writer(out_dir / QUARANTINE_FILE, QUARANTINE_SCHEMA) as quarantine_out,
+    ):
         for batch in _batches(records(), config.batch_rows, config.batch_bytes):
             clean, quarantine = cleaner.process(batch)
             if clean["id"]:
@@ -216,7 +233,10 @@ def clean_partition(files: list[tuple[str, Path]], config: DataConfig, out_dir: 
                 quarantine_out.write_batch(quarantine_batch)
             progress.update(f"{cleaner.rows_in} rows read, {cleaner.rows_clean} clean")
     metrics = {**cleaner.metrics(), "rows_expected": sum(t["expected"] for t in tallies), "files": tallies}
-    progress.update(f"{metrics['rows_in']} rows: {metrics['rows_clean']} clean, {metrics['rows_quarantined']} quarantined", force=True)
+    progress.update(
+        f"{metrics['rows_in']} rows: {metrics['rows_clean']} clean, {metrics['rows_quarantined']} quarantined",
+        force=True,
+    )
     return Produced(
         content_sha256=sha256_json({"clean": clean_hash.hexdigest(), "quarantine": quarantine_hash.hexdigest()}),
         metrics=metrics,
@@ -236,7 +256,9 @@ def build_clean_documents(
     )
 
     def produce(staging: Path) -> Produced:
-        return clean_partition(snapshot_files(store.check_input(raw)), config.data, staging, logger, f"{KIND} {partition}")
+        return clean_partition(
+            snapshot_files(store.check_input(raw)), config.data, staging, logger, f"{KIND} {partition}"
+        )
 
     return store.build(spec, produce, run, logger)
 
@@ -251,11 +273,16 @@ def row_accounting(artifact: Artifact) -> dict[str, Any]:
     rows_clean = num_rows(artifact.file(CLEAN_FILE))
     rows_quarantined = num_rows(artifact.file(QUARANTINE_FILE))
     files_off = [f for f in metrics.get("files", []) if f["expected"] != f["read"]]
-    problems = [f"{f['name']}: read {f['read']} records, the file holds {f['expected']} ({f['count_source']})" for f in files_off]
+    problems = [
+        f"{f['name']}: read {f['read']} records, the file holds {f['expected']} ({f['count_source']})"
+        for f in files_off
+    ]
     if rows_expected is None:
         problems.append("no independent record count in the manifest (built by an older code version)")
     elif rows_expected != rows_clean + rows_quarantined:
-        problems.append(f"{rows_expected} records landed but {rows_clean} clean + {rows_quarantined} quarantined were written")
+        problems.append(
+            f"{rows_expected} records landed but {rows_clean} clean + {rows_quarantined} quarantined were written"
+        )
     if rows_in != rows_clean + rows_quarantined:
         problems.append(f"{rows_in} records read but {rows_clean} clean + {rows_quarantined} quarantined were written")
     return {

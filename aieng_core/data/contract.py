@@ -32,7 +32,9 @@ def _valid_id(value: str) -> str:
         raise PydanticCustomError("id_blank", "id is blank")
     if len(value) > MAX_ID_CHARS:
         raise PydanticCustomError(
-            "invalid_id", "id is {length} characters, over the limit of {limit}", {"length": len(value), "limit": MAX_ID_CHARS}
+            "invalid_id",
+            "id is {length} characters, over the limit of {limit}",
+            {"length": len(value), "limit": MAX_ID_CHARS},
         )
     try:
         check_combining_marks(value)  # before NFC, which is quadratic in the length of such a run

@@ -107,7 +107,9 @@ def _damaged_utf8(data: bytes, error: UnicodeDecodeError) -> str | None:
     sequences = _UTF8_SEQUENCE.findall(data)
     stray = sum(1 for byte in data if byte >= 0x80) - sum(len(s) for s in sequences)
     if sequences and stray * 2 <= len(sequences):
-        return f"invalid UTF-8 ({stray} stray bytes among {len(sequences)} UTF-8 characters; first at byte {error.start})"
+        return (
+            f"invalid UTF-8 ({stray} stray bytes among {len(sequences)} UTF-8 characters; first at byte {error.start})"
+        )
     return None
 
 

@@ -41,7 +41,9 @@ from aieng_core.store.atomic import atomic_write_bytes
 
 # Pure-python or always-built modules with no import side effects; sorted, never changed
 # casually: editing this list changes the demo data and so every downstream data version.
-STDLIB_MODULES = tuple(sorted("""
+STDLIB_MODULES = tuple(
+    sorted(
+        """
     abc argparse array ast asyncio base64 bisect bz2 calendar cmd codecs collections
     colorsys concurrent.futures configparser contextlib contextvars copy csv dataclasses
     datetime decimal difflib dis doctest email.message email.utils enum filecmp fnmatch
@@ -52,7 +54,9 @@ STDLIB_MODULES = tuple(sorted("""
     subprocess tarfile tempfile textwrap threading time timeit tokenize traceback types
     typing unittest urllib.parse uuid warnings weakref xml.dom.minidom
     xml.etree.ElementTree zipfile zlib
-""".split()))
+""".split()
+    )
+)
 MIN_DOC_CHARS = 40  # shorter docstrings are skipped (well above any config's min_chars)
 CORPUS_DAYS = 3  # the corpus is shared by days 1-3; later days draw from the reserve
 RESERVE_DOCS = 200  # tail of the corpus kept back for days beyond the third
@@ -93,12 +97,36 @@ COLUMNS = ("id", "text", "source", "lang", "created_at")
 #   -> undecodable; {"id": 7, ...} -> wrong_type; text of the 2nd document of documents.parquet
 #   verbatim -> duplicate_text (de-duplication spans all files of a partition)
 EXPECTED_DIRTY: dict[str, dict[str, int]] = {
-    "day1": {"malformed_json": 1, "malformed_row": 1, "undecodable": 1, "missing_field": 3,
-             "wrong_type": 2, "empty_text": 1, "too_short": 1, "duplicate_id": 1, "duplicate_text": 1},
-    "day2": {"malformed_row": 2, "missing_field": 1, "empty_text": 1, "too_short": 1,
-             "duplicate_id": 1, "duplicate_text": 1},
-    "day3": {"malformed_json": 1, "malformed_row": 1, "undecodable": 1, "missing_field": 2,
-             "wrong_type": 1, "empty_text": 1, "too_short": 1, "duplicate_id": 1, "duplicate_text": 1},
+    "day1": {
+        "malformed_json": 1,
+        "malformed_row": 1,
+        "undecodable": 1,
+        "missing_field": 3,
+        "wrong_type": 2,
+        "empty_text": 1,
+        "too_short": 1,
+        "duplicate_id": 1,
+        "duplicate_text": 1,
+    },
+    "day2": {
+        "malformed_row": 2,
+        "missing_field": 1,
+        "empty_text": 1,
+        "too_short": 1,
+        "duplicate_id": 1,
+        "duplicate_text": 1,
+    },
+    "day3": {
+        "malformed_json": 1,
+        "malformed_row": 1,
+        "undecodable": 1,
+        "missing_field": 2,
+        "wrong_type": 1,
+        "empty_text": 1,
+        "too_short": 1,
+        "duplicate_id": 1,
+        "duplicate_text": 1,
+    },
 }
 
 GBK_JSONL_TEXT = "这一行用GBK编码写进了UTF-8文件，管道逐行解码，把它恢复成正常的中文文本。"
@@ -149,7 +177,9 @@ def corpus() -> tuple[Doc, ...]:
 
     candidates = [(f"pydoc:{name}", topics[name], "pydoc-topics") for name in sorted(topics)]
     for module_name in STDLIB_MODULES:
-        candidates += [(f"doc:{qualname}", doc, "stdlib-docstrings") for qualname, doc in _docstrings(module_name) if doc]
+        candidates += [
+            (f"doc:{qualname}", doc, "stdlib-docstrings") for qualname, doc in _docstrings(module_name) if doc
+        ]
     docs, seen = [], set()
     for doc_id, text, source in candidates:
         cleaned = clean_text(text)
@@ -191,7 +221,13 @@ def _jsonl_day(docs: list[Doc], day: dt.date) -> dict[str, bytes]:
         rows[index]["text"] = "\t  " + text.replace(" ", f"   {noise}\t", 3) + "  \x7f\n\n\n\n"
     lines = [_json_line(row) for row in rows]
     meta = {"source": "demo-dirty", "lang": "en", "created_at": day.isoformat()}
-    gbk = {"id": "gbk-line", "text": GBK_JSONL_TEXT, "source": "legacy-gbk", "lang": "zh", "created_at": day.isoformat()}
+    gbk = {
+        "id": "gbk-line",
+        "text": GBK_JSONL_TEXT,
+        "source": "legacy-gbk",
+        "lang": "zh",
+        "created_at": day.isoformat(),
+    }
     dirty = [
         b'{"id": "broken-json", "text": "this line was cut off in the middle of a wri\n',  # malformed_json
         _json_line(["an", "array", "is", "valid", "JSON", "but", "not", "a", "record"]),  # malformed_row
@@ -203,7 +239,9 @@ def _jsonl_day(docs: list[Doc], day: dt.date) -> dict[str, bytes]:
         _json_line({"id": "list-text", "text": ["not", "a", "string", "but", "a", "list"], **meta}),  # wrong_type
         _json_line({"id": "blank-text", "text": " \t\x07 \n ", **meta}),  # empty_text
         _json_line({"id": "short-text", "text": "ok.", **meta}),  # too_short
-        _json_line({"id": docs[0].id, "text": "A different text that reuses the id of the first document.", **meta}),  # duplicate_id
+        _json_line(
+            {"id": docs[0].id, "text": "A different text that reuses the id of the first document.", **meta}
+        ),  # duplicate_id
         _json_line({"id": "copied-text", "text": docs[1].text, **meta}),  # duplicate_text
     ]
     lines[5:5] = [json.dumps(gbk, ensure_ascii=False).encode("gbk") + b"\n"]
@@ -228,7 +266,13 @@ def _csv_day(docs: list[Doc], day: dt.date) -> dict[str, bytes]:
         ["", "A row whose identifier cell is empty.", "demo-dirty", "en", date],  # missing_field
         ["blank-text", "   \t  ", "demo-dirty", "en", date],  # empty_text
         ["short-text", "ok.", "demo-dirty", "en", date],  # too_short
-        [docs[0].id, "Another text that reuses the id of the first document.", "demo-dirty", "en", date],  # duplicate_id
+        [
+            docs[0].id,
+            "Another text that reuses the id of the first document.",
+            "demo-dirty",
+            "en",
+            date,
+        ],  # duplicate_id
         ["copied-text", docs[1].text, "demo-dirty", "en", date],  # duplicate_text
     ]
     legacy = [[f"legacy-gbk-{n}", text, "legacy-gbk", "zh", date] for n, text in enumerate(GBK_CSV_TEXTS, 1)]
@@ -243,7 +287,11 @@ def _parquet_day(docs: list[Doc], day: dt.date) -> dict[str, bytes]:
         {"id": "null-text", "text": None, **meta},  # missing_field
         {"id": "blank-text", "text": "  \n\t ", **meta},  # empty_text
         {"id": "short-text", "text": "ok.", **meta},  # too_short
-        {"id": docs[0].id, "text": "Yet another text that reuses the id of the first document.", **meta},  # duplicate_id
+        {
+            "id": docs[0].id,
+            "text": "Yet another text that reuses the id of the first document.",
+            **meta,
+        },  # duplicate_id
     ]
     table = pa.Table.from_pylist(rows, schema=pa.schema([(name, pa.string()) for name in COLUMNS]))
     sink = pa.BufferOutputStream()
@@ -255,13 +303,18 @@ def _parquet_day(docs: list[Doc], day: dt.date) -> dict[str, bytes]:
         _json_line({"id": 7, "text": "A record whose identifier is a number.", **meta}),  # wrong_type
         _json_line({"id": "copied-text", "text": docs[1].text, **meta}),  # duplicate_text
     ]
-    return {"documents.parquet": sink.getvalue().to_pybytes(), "extra.jsonl.gz": gzip.compress(b"".join(extra), mtime=0)}
+    return {
+        "documents.parquet": sink.getvalue().to_pybytes(),
+        "extra.jsonl.gz": gzip.compress(b"".join(extra), mtime=0),
+    }
 
 
 BUILDERS = {"jsonl": _jsonl_day, "csv": _csv_day, "parquet": _parquet_day}
 
 
-def land_demo_data(home: Path, start_date: dt.date = dt.date(2026, 1, 1), days: int = 3, overwrite: bool = False) -> list[Path]:
+def land_demo_data(
+    home: Path, start_date: dt.date = dt.date(2026, 1, 1), days: int = 3, overwrite: bool = False
+) -> list[Path]:
     """Land `days` days of sample raw data in home/raw/YYYY-MM-DD/; return the files written, sorted.
 
     Raises FileExistsError, before writing anything, if a day folder already holds files and
@@ -273,7 +326,9 @@ def land_demo_data(home: Path, start_date: dt.date = dt.date(2026, 1, 1), days: 
     if not overwrite:
         for folder in folders:
             if folder.is_dir() and any(folder.iterdir()):
-                raise FileExistsError(f"{folder} already holds files; refusing to overwrite landed data (pass overwrite=True)")
+                raise FileExistsError(
+                    f"{folder} already holds files; refusing to overwrite landed data (pass overwrite=True)"
+                )
     written = []
     for offset, folder in enumerate(folders):
         day = start_date + dt.timedelta(days=offset)

@@ -80,12 +80,16 @@ def landed_files(home: Path, partition: str) -> tuple[list[Path], list[str]]:
     entries ignored. Only regular files count: lstat, so a link is never followed."""
     folder = raw_partition_dir(home, partition)
     if not folder.is_dir():
-        raise MissingPartitionData(f"raw partition folder {folder} does not exist; land {', '.join('*' + s for s in DATA_SUFFIXES)} files there")
+        raise MissingPartitionData(
+            f"raw partition folder {folder} does not exist; land {', '.join('*' + s for s in DATA_SUFFIXES)} files there"
+        )
     entries = sorted(folder.iterdir())
     data = [p for p in entries if stat.S_ISREG(p.lstat().st_mode) and is_data_file(p.name)]
     ignored = [readable(p.name) for p in entries if p not in data]
     if not data:
-        raise MissingPartitionData(f"raw partition folder {folder} holds no data files ({', '.join('*' + s for s in DATA_SUFFIXES)})")
+        raise MissingPartitionData(
+            f"raw partition folder {folder} holds no data files ({', '.join('*' + s for s in DATA_SUFFIXES)})"
+        )
     return data, ignored
 
 
@@ -95,7 +99,9 @@ def _open_landed(path: Path) -> BinaryIO:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
-        raise RuntimeError(f"{readable(path)} could not be opened ({exc.strerror}); retry once landing is complete") from None
+        raise RuntimeError(
+            f"{readable(path)} could not be opened ({exc.strerror}); retry once landing is complete"
+        ) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise RuntimeError(f"{readable(path)} is no longer a regular file; retry once landing is complete")
@@ -125,7 +131,9 @@ def build_raw_documents(
     # snapshot wherever $AIENG_HOME is.
     identity = [{"name": s["landed_name"], "size": s["size"], "sha256": s["sha256"]} for s in sources]
     if ignored:
-        logger.warning(f"raw_documents {partition}: ignoring entries that are not regular data files: {', '.join(ignored)}")
+        logger.warning(
+            f"raw_documents {partition}: ignoring entries that are not regular data files: {', '.join(ignored)}"
+        )
     spec = ArtifactSpec(
         kind=KIND,
         code_version=CODE_VERSION,
@@ -143,7 +151,10 @@ def build_raw_documents(
             metrics={"files": len(sources), "bytes": sum(s["size"] for s in sources)},
             extra={
                 # path: where it landed, written by readable(); name: its file under files/.
-                "sources": [{"path": readable(s["path"]), "name": s["name"], "size": s["size"], "sha256": s["sha256"]} for s in sources],
+                "sources": [
+                    {"path": readable(s["path"]), "name": s["name"], "size": s["size"], "sha256": s["sha256"]}
+                    for s in sources
+                ],
                 "ignored_files": ignored,
             },
         )

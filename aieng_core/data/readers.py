@@ -59,7 +59,13 @@ class ReadLimits:
 
     @classmethod
     def from_config(cls, data: Any) -> "ReadLimits":
-        return cls(data.max_record_bytes, data.max_file_bytes, data.batch_rows, tuple(data.fallback_encodings), data.batch_bytes)
+        return cls(
+            data.max_record_bytes,
+            data.max_file_bytes,
+            data.batch_rows,
+            tuple(data.fallback_encodings),
+            data.batch_bytes,
+        )
 
 
 def is_data_file(name: str) -> bool:
@@ -99,7 +105,9 @@ class LandedFile:
         except Exception as exc:  # a reader bug must cost this file's rest, visibly, not the partition
             log.error(f"{self.name}: reader failed after line {line}: {exc!r}")
             self.read += 1
-            yield RawRecord(self.name, line + 1, b"", None, reasons.UNREADABLE, f"reader failed after line {line}: {exc!r}")
+            yield RawRecord(
+                self.name, line + 1, b"", None, reasons.UNREADABLE, f"reader failed after line {line}: {exc!r}"
+            )
 
     def tally(self) -> dict[str, Any]:
         """Records read and records expected from a count that shares no parser with the reader."""
@@ -145,7 +153,11 @@ def _decode(data: bytes, codec: str | None, limits: ReadLimits) -> Decoded:
     try:
         return Decoded(data.decode(codec), codec)
     except UnicodeDecodeError as exc:
-        return Decoded(None, reason=reasons.UNDECODABLE, detail=f"invalid {codec} (the byte-order mark's encoding): {exc.reason} at byte {exc.start}")
+        return Decoded(
+            None,
+            reason=reasons.UNDECODABLE,
+            detail=f"invalid {codec} (the byte-order mark's encoding): {exc.reason} at byte {exc.start}",
+        )
 
 
 def _too_large(name: str, number: int, line: Line, limits: ReadLimits, what: str = "line") -> RawRecord:
@@ -154,7 +166,14 @@ def _too_large(name: str, number: int, line: Line, limits: ReadLimits, what: str
 
 
 def _unreadable(name: str, item: LineGap) -> RawRecord:
-    return RawRecord(name, item.number, item.partial, None, reasons.UNREADABLE, f"{item.gap.detail} (line numbers after it are counted from the readable data)")
+    return RawRecord(
+        name,
+        item.number,
+        item.partial,
+        None,
+        reasons.UNREADABLE,
+        f"{item.gap.detail} (line numbers after it are counted from the readable data)",
+    )
 
 
 # ---- JSONL ------------------------------------------------------------------------------
@@ -195,10 +214,19 @@ def json_record(name: str, line: int, raw: bytes, text: str) -> RawRecord:
     except ValueError as exc:
         return RawRecord(name, line, raw, None, reasons.MALFORMED_JSON, f"invalid JSON: {exc}")
     if not isinstance(value, dict):
-        return RawRecord(name, line, raw, None, reasons.MALFORMED_ROW, f"expected a JSON object, got {type(value).__name__}")
+        return RawRecord(
+            name, line, raw, None, reasons.MALFORMED_ROW, f"expected a JSON object, got {type(value).__name__}"
+        )
     repeated = sorted(value.repeated.intersection(CONTRACT_FIELDS))
     if repeated:
-        return RawRecord(name, line, raw, None, reasons.DUPLICATE_FIELD, f"key {', '.join(map(repr, repeated))} appears more than once")
+        return RawRecord(
+            name,
+            line,
+            raw,
+            None,
+            reasons.DUPLICATE_FIELD,
+            f"key {', '.join(map(repr, repeated))} appears more than once",
+        )
     # Keep only the contract's fields: a record with 100,000 other keys costs nothing after this.
     return RawRecord(name, line, raw, {key: value[key] for key in CONTRACT_FIELDS if key in value})
 
@@ -364,7 +392,9 @@ class _CsvLines:
         return taken
 
 
-def _header_record(name: str, line: int, raw: bytes, problem: tuple[str, str], landed: "LandedFile | None") -> RawRecord:
+def _header_record(
+    name: str, line: int, raw: bytes, problem: tuple[str, str], landed: "LandedFile | None"
+) -> RawRecord:
     """An unusable header is quarantined as a record of its own, so that a file whose
     content never gets past its header (e.g. one line ended by lone CRs) is not lost
     silently; the tally counts it."""
@@ -373,7 +403,9 @@ def _header_record(name: str, line: int, raw: bytes, problem: tuple[str, str], l
     return RawRecord(name, line, raw, None, *problem)
 
 
-def read_csv(source: ByteSource, name: str, limits: ReadLimits, landed: "LandedFile | None" = None) -> Iterator[RawRecord]:
+def read_csv(
+    source: ByteSource, name: str, limits: ReadLimits, landed: "LandedFile | None" = None
+) -> Iterator[RawRecord]:
     """One record per data row; the first non-blank line is the header naming the columns.
 
     Strict CSV: a field that starts with a quote must end with one (`1,"quoted" tail` is
@@ -394,7 +426,10 @@ def read_csv(source: ByteSource, name: str, limits: ReadLimits, landed: "LandedF
                 partial = raw + b"\n" + stop.gap.partial if raw else stop.gap.partial
                 yield RawRecord(name, first or stop.gap.number, partial, None, reasons.UNREADABLE, stop.detail)
             elif header is None:
-                header, header_problem = [], (stop.reason, f"the CSV header (line {first}) cannot be read: {stop.detail}")
+                header, header_problem = (
+                    [],
+                    (stop.reason, f"the CSV header (line {first}) cannot be read: {stop.detail}"),
+                )
                 yield _header_record(name, first, raw, header_problem, landed)
             else:
                 yield RawRecord(name, first, raw, None, stop.reason, stop.detail)
@@ -402,7 +437,10 @@ def read_csv(source: ByteSource, name: str, limits: ReadLimits, landed: "LandedF
         except csv.Error as exc:
             first, _, raw = lines.take()
             if header is None:
-                header, header_problem = [], (reasons.MALFORMED_ROW, f"the CSV header (line {first}) is malformed: {exc}")
+                header, header_problem = (
+                    [],
+                    (reasons.MALFORMED_ROW, f"the CSV header (line {first}) is malformed: {exc}"),
+                )
                 yield _header_record(name, first, raw, header_problem, landed)
             else:
                 yield RawRecord(name, first, raw, None, reasons.MALFORMED_ROW, f"malformed CSV record: {exc}")
@@ -414,12 +452,22 @@ def read_csv(source: ByteSource, name: str, limits: ReadLimits, landed: "LandedF
             header = [cell.strip() for cell in row]
             repeated = sorted({cell for cell in header if cell in CONTRACT_FIELDS and header.count(cell) > 1})
             if repeated:
-                header_problem = (reasons.DUPLICATE_FIELD, f"column {', '.join(map(repr, repeated))} appears more than once in the header")
+                header_problem = (
+                    reasons.DUPLICATE_FIELD,
+                    f"column {', '.join(map(repr, repeated))} appears more than once in the header",
+                )
             continue
         if header_problem is not None:
             yield RawRecord(name, first, raw, None, *header_problem)
         elif len(row) != len(header):
-            yield RawRecord(name, first, raw, None, reasons.MALFORMED_ROW, f"row has {len(row)} fields, the header has {len(header)}")
+            yield RawRecord(
+                name,
+                first,
+                raw,
+                None,
+                reasons.MALFORMED_ROW,
+                f"row has {len(row)} fields, the header has {len(header)}",
+            )
         else:
             yield RawRecord(name, first, raw, {key: value for key, value in zip(header, row) if key in CONTRACT_FIELDS})
     if landed is not None:
@@ -451,11 +499,18 @@ def _column_values(column: pa.Array, limits: ReadLimits) -> tuple[list[Any], lis
         except pa.ArrowInvalid:
             # Writers that skip validation leave invalid UTF-8 in string columns; read the
             # bytes and decode each cell, so one bad cell costs one row.
-            column = column.cast(pa.binary_view()) if pa.types.is_string_view(kind) else column.view(
-                pa.large_binary() if pa.types.is_large_string(kind) else pa.binary()
+            column = (
+                column.cast(pa.binary_view())
+                if pa.types.is_string_view(kind)
+                else column.view(pa.large_binary() if pa.types.is_large_string(kind) else pa.binary())
             )
             kind = column.type
-    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_binary_view(kind) or pa.types.is_fixed_size_binary(kind):
+    if (
+        pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+        or pa.types.is_binary_view(kind)
+        or pa.types.is_fixed_size_binary(kind)
+    ):
         values: list[Any] = []
         failures: list[Decoded | None] = []
         for cell in column.to_pylist():
@@ -481,7 +536,9 @@ def _raw_json(row: dict[str, Any]) -> bytes:
     def default(value: Any) -> str:
         return value.decode("latin-1") if isinstance(value, bytes) else str(value)
 
-    return json.dumps(row, ensure_ascii=False, default=default, sort_keys=True).encode("utf-8", "surrogatepass")[:KEEP_BYTES]
+    return json.dumps(row, ensure_ascii=False, default=default, sort_keys=True).encode("utf-8", "surrogatepass")[
+        :KEEP_BYTES
+    ]
 
 
 def _cell_bytes(column: pa.Array) -> list[int]:
@@ -497,7 +554,12 @@ def _cell_bytes(column: pa.Array) -> list[int]:
         column = column.cast(pa.large_string())
     elif pa.types.is_binary_view(kind):
         column = column.cast(pa.large_binary())
-    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+    if (
+        pa.types.is_string(column.type)
+        or pa.types.is_large_string(column.type)
+        or pa.types.is_binary(column.type)
+        or pa.types.is_large_binary(column.type)
+    ):
         return [length or 0 for length in pc.binary_length(column).to_pylist()]
     return [0] * len(column)
 
@@ -525,12 +587,16 @@ def _parquet_records(batch: pa.RecordBatch, name: str, first_row: int, limits: R
         start = end
 
 
-def _parquet_batch(batch: pa.RecordBatch, sizes: list[int], name: str, first_row: int, limits: ReadLimits) -> list[RawRecord]:
+def _parquet_batch(
+    batch: pa.RecordBatch, sizes: list[int], name: str, first_row: int, limits: ReadLimits
+) -> list[RawRecord]:
     if max(sizes, default=0) > limits.max_record_bytes:
         # Oversized rows are rejected before any decoding or conversion to Python strings.
         fits = [size <= limits.max_record_bytes for size in sizes]
         kept_sizes = [size for size in sizes if size <= limits.max_record_bytes]
-        read = iter(_parquet_batch(batch.filter(pa.array(fits)), kept_sizes, name, first_row, limits) if any(fits) else [])
+        read = iter(
+            _parquet_batch(batch.filter(pa.array(fits)), kept_sizes, name, first_row, limits) if any(fits) else []
+        )
         records = []
         for offset, size in enumerate(sizes):
             if fits[offset]:
@@ -594,12 +660,19 @@ def read_parquet(path: Path, name: str, limits: ReadLimits = ReadLimits()) -> It
                 yield RawRecord(name, row + offset + 1, b"{}", {})
             row += group_rows
             continue
-        batches = parquet.iter_batches(batch_size=_batch_rows(parquet, group, columns, limits), row_groups=[group], columns=columns, use_threads=False)
+        batches = parquet.iter_batches(
+            batch_size=_batch_rows(parquet, group, columns, limits),
+            row_groups=[group],
+            columns=columns,
+            use_threads=False,
+        )
         while True:
             try:
                 batch = next(batches, None)
             except Exception as exc:  # a damaged page: the rest of this row group is lost, the next one is read
-                lost = f"row group {group} (rows {row + 1}-{row + group_rows}) unreadable from row {row + done + 1}: {exc}"
+                lost = (
+                    f"row group {group} (rows {row + 1}-{row + group_rows}) unreadable from row {row + done + 1}: {exc}"
+                )
                 for offset in range(done, group_rows):
                     yield RawRecord(name, row + offset + 1, b"", None, reasons.UNREADABLE, lost)
                 break

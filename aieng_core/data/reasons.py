@@ -11,7 +11,9 @@ INVALID_ID = "invalid_id"  # an id over 1,024 characters or with a run of more t
 RECORD_TOO_LARGE = "record_too_large"  # a record over data.max_record_bytes, rejected before parsing
 UNREADABLE = "unreadable"  # bytes or rows that cannot be read (damaged gzip range, damaged Parquet page, over data.max_file_bytes)
 EMPTY_TEXT = "empty_text"  # text empty, or only whitespace and invisible characters, after cleaning
-EXCESSIVE_COMBINING_MARKS = "excessive_combining_marks"  # a run of more than 30 combining marks (Unicode stream-safe limit)
+EXCESSIVE_COMBINING_MARKS = (
+    "excessive_combining_marks"  # a run of more than 30 combining marks (Unicode stream-safe limit)
+)
 TOO_SHORT = "too_short"  # clean text shorter than data.min_chars
 TOO_LONG = "too_long"  # clean text longer than data.max_chars
 DUPLICATE_ID = "duplicate_id"  # an earlier clean row of the partition has this id

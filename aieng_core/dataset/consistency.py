@@ -24,7 +24,9 @@ def staleness(store: ArtifactStore, partition: str, tokenized: Artifact, tokeniz
     if clean is None or source_ids != [clean.id]:
         problems.append(f"{partition}: tokenized from clean_documents {source_ids}, current is {clean and clean.id}")
     if tokenizer_id is None or tokenized.manifest.get("tokenizer_id") != tokenizer_id:
-        problems.append(f"{partition}: tokenized with {tokenized.manifest.get('tokenizer_id')}, current tokenizer is {tokenizer_id}")
+        problems.append(
+            f"{partition}: tokenized with {tokenized.manifest.get('tokenizer_id')}, current tokenizer is {tokenizer_id}"
+        )
     return problems
 
 
@@ -39,5 +41,7 @@ def tokenized_consistency(store: ArtifactStore) -> dict[str, Any]:
         clean = store.require_current(CLEAN_KIND, partition)
         problems.extend(staleness(store, partition, tokenized, tokenizer and tokenizer.id))
         if clean_source_ids(tokenized) == [clean.id] and tokenized.metrics["rows"] != clean.metrics["rows_clean"]:
-            problems.append(f"{partition}: {tokenized.metrics['rows']} tokenized rows for {clean.metrics['rows_clean']} clean rows")
+            problems.append(
+                f"{partition}: {tokenized.metrics['rows']} tokenized rows for {clean.metrics['rows_clean']} clean rows"
+            )
     return {"passed": not problems, "partitions": partitions, "problems": problems}

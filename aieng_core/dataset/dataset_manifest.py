@@ -42,10 +42,15 @@ def split_counts(tokens_path: Path, validation_fraction: float, seed: str, batch
             side = split_of(doc_id, validation_fraction, seed)
             counts[f"{side}_rows"] += 1
             counts[f"{side}_tokens"] += num_tokens
-    return {key: counts.get(key, 0) for key in (f"{TRAIN}_rows", f"{TRAIN}_tokens", f"{VALIDATION}_rows", f"{VALIDATION}_tokens")}
+    return {
+        key: counts.get(key, 0)
+        for key in (f"{TRAIN}_rows", f"{TRAIN}_tokens", f"{VALIDATION}_rows", f"{VALIDATION}_tokens")
+    }
 
 
-def build_dataset_manifest(store: ArtifactStore, config: AiengConfig, run: RunInfo = RunInfo(), logger: Any = log) -> Artifact:
+def build_dataset_manifest(
+    store: ArtifactStore, config: AiengConfig, run: RunInfo = RunInfo(), logger: Any = log
+) -> Artifact:
     tokenizer = store.require_current(TOKENIZER_KIND)
     partitions = store.current_partitions(TOKENIZED_KIND)
     if not partitions:
@@ -76,7 +81,9 @@ def build_dataset_manifest(store: ArtifactStore, config: AiengConfig, run: RunIn
         entries = []
         for partition in partitions:
             artifact = tokenized[partition]
-            counts = split_counts(artifact.file(TOKENS_FILE), dataset.validation_fraction, dataset.split_seed, config.data.batch_rows)
+            counts = split_counts(
+                artifact.file(TOKENS_FILE), dataset.validation_fraction, dataset.split_seed, config.data.batch_rows
+            )
             entries.append(
                 {
                     "partition": partition,
@@ -100,7 +107,11 @@ def build_dataset_manifest(store: ArtifactStore, config: AiengConfig, run: RunIn
         }
         (staging / DATASET_FILE).write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         logger.info(f"{KIND}: {len(entries)} partitions, {totals['rows']} documents, {totals['tokens']} tokens")
-        return Produced(content_sha256=sha256_json(content), metrics={"partitions": len(entries), **totals}, extra={"tokenizer_id": tokenizer.id})
+        return Produced(
+            content_sha256=sha256_json(content),
+            metrics={"partitions": len(entries), **totals},
+            extra={"tokenizer_id": tokenizer.id},
+        )
 
     return store.build(spec, produce, run, logger)
 

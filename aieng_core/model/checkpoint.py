@@ -29,15 +29,21 @@ GENERATION_CONFIG_FILE = "generation_config.json"
 
 def save_model_dir(model: LlamaForCausalLM, directory: Path) -> None:
     config = model.config
-    save_file({k: v.cpu() for k, v in unique_state_dict(model).items()}, directory / MODEL_FILE, metadata={"format": "pt"})
-    (directory / CONFIG_FILE).write_text(json.dumps(config.to_hf_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    save_file(
+        {k: v.cpu() for k, v in unique_state_dict(model).items()}, directory / MODEL_FILE, metadata={"format": "pt"}
+    )
+    (directory / CONFIG_FILE).write_text(
+        json.dumps(config.to_hf_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
     generation = {
         "bos_token_id": config.bos_token_id,
         "eos_token_id": config.eos_token_id,
         "pad_token_id": config.pad_token_id,
         "do_sample": False,
     }
-    (directory / GENERATION_CONFIG_FILE).write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (directory / GENERATION_CONFIG_FILE).write_text(
+        json.dumps(generation, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
 
 
 def verify_files(directory: Path, manifest: dict[str, Any], names: tuple[str, ...]) -> None:
@@ -49,7 +55,9 @@ def verify_files(directory: Path, manifest: dict[str, Any], names: tuple[str, ..
         if not path.is_file():
             raise ArtifactIntegrityError(f"{path}: missing")
         if sha256_file(path) != listed[name]:
-            raise ArtifactIntegrityError(f"{path}: SHA-256 does not match the artifact manifest (tampered or truncated)")
+            raise ArtifactIntegrityError(
+                f"{path}: SHA-256 does not match the artifact manifest (tampered or truncated)"
+            )
 
 
 def load_model(artifact: Artifact, device: str | torch.device = "cpu") -> LlamaForCausalLM:

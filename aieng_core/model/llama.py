@@ -82,7 +82,9 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rotary_tables(config: LlamaConfig, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_tables(
+    config: LlamaConfig, positions: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of shape (len(positions), head_dim), halves repeated as in Llama."""
     dim = config.head_dim
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float, device=positions.device) / dim))
@@ -182,11 +184,15 @@ class LlamaForCausalLM(nn.Module):
         """Unique parameters: a tied embedding counts once."""
         return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
 
-    def forward(self, input_ids: torch.Tensor, targets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, input_ids: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits for every position; with targets, also the mean next-token cross-entropy."""
         seq = input_ids.shape[1]
         if seq > self.config.max_position_embeddings:
-            raise ValueError(f"sequence of {seq} tokens exceeds max_position_embeddings {self.config.max_position_embeddings}")
+            raise ValueError(
+                f"sequence of {seq} tokens exceeds max_position_embeddings {self.config.max_position_embeddings}"
+            )
         x = self.model.embed_tokens(input_ids)
         cos, sin = rotary_tables(self.config, torch.arange(seq, device=input_ids.device), x.dtype)
         for layer in self.model.layers:

@@ -9,7 +9,9 @@ BYTES_PER_PARAMETER = {"fp32": 4, "bf16": 2, "int8": 1}
 
 
 def memory_budget(num_parameters: int) -> dict[str, int | float]:
-    budget: dict[str, int | float] = {f"weights_bytes_{name}": num_parameters * size for name, size in BYTES_PER_PARAMETER.items()}
+    budget: dict[str, int | float] = {
+        f"weights_bytes_{name}": num_parameters * size for name, size in BYTES_PER_PARAMETER.items()
+    }
     for name, size in BYTES_PER_PARAMETER.items():
         budget[f"gpu_rule_gib_{name}"] = round(num_parameters * size * 1.3 / GIB + 2.0, 4)
     return budget

@@ -48,7 +48,9 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 def validate_name(value: Any, what: str) -> str:
     if not isinstance(value, str) or not is_valid_name(value):
-        raise InvalidArtifactName(f"invalid {what} {value!r}: expected letters, digits, '.', '_' or '-' (no '..'), at most 128")
+        raise InvalidArtifactName(
+            f"invalid {what} {value!r}: expected letters, digits, '.', '_' or '-' (no '..'), at most 128"
+        )
     return value
 
 
@@ -283,7 +285,9 @@ class ArtifactStore:
     def check(self, artifact: Artifact) -> Artifact:
         problems = self.verify(artifact)
         if problems:
-            raise ArtifactIntegrityError(f"{artifact.kind} artifact {artifact.id} failed verification: " + "; ".join(problems))
+            raise ArtifactIntegrityError(
+                f"{artifact.kind} artifact {artifact.id} failed verification: " + "; ".join(problems)
+            )
         return artifact
 
     def check_input(self, artifact: Artifact) -> Artifact:
@@ -325,7 +329,9 @@ class ArtifactStore:
         artifact = self.current(kind, partition)
         if artifact is None:
             where = f"partition {partition}" if partition else "it"
-            raise ArtifactNotFound(f"{kind} has not been materialized for {where} yet (no {self._ref_path(kind, partition)})")
+            raise ArtifactNotFound(
+                f"{kind} has not been materialized for {where} yet (no {self._ref_path(kind, partition)})"
+            )
         return artifact
 
     def current_partitions(self, kind: str) -> list[str]:
@@ -361,7 +367,9 @@ class ArtifactStore:
                 return artifact
             # Keep the damaged copy for inspection instead of deleting anything.
             aside = target.parent / f".damaged-{artifact_id}-{dt.datetime.now().strftime('%Y%m%dT%H%M%S%f')}"
-            logger.warning(f"{spec.kind} artifact {artifact_id} is damaged ({'; '.join(problems)}); moved to {aside}, rebuilding")
+            logger.warning(
+                f"{spec.kind} artifact {artifact_id} is damaged ({'; '.join(problems)}); moved to {aside}, rebuilding"
+            )
             os.rename(target, aside)
 
         try:
@@ -372,7 +380,9 @@ class ArtifactStore:
                     if stat.S_ISDIR(info.st_mode):
                         continue
                     # Anything verify() would reject later must fail now, not on every reuse.
-                    why = file_key_problem(relative) or (None if stat.S_ISREG(info.st_mode) else "is not a regular file")
+                    why = file_key_problem(relative) or (
+                        None if stat.S_ISREG(info.st_mode) else "is not a regular file"
+                    )
                     if why is not None:
                         raise RuntimeError(f"{spec.kind} builder wrote {relative!r}, which {why}")
                     files[relative] = sha256_file(path)

@@ -69,8 +69,12 @@ def save_tokenizer_dir(tokenizer: Tokenizer, directory: Path, config: TokenizerC
         "split_special_tokens": True,
         **specials,
     }
-    (directory / TOKENIZER_CONFIG_FILE).write_text(json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    (directory / SPECIAL_TOKENS_FILE).write_text(json.dumps(specials, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (directory / TOKENIZER_CONFIG_FILE).write_text(
+        json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
+    (directory / SPECIAL_TOKENS_FILE).write_text(
+        json.dumps(specials, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
 
 
 def load_tokenizer(directory: Path) -> Tokenizer:
@@ -113,7 +117,11 @@ def round_trip_misses(tokenizer: Tokenizer, texts: list[str]) -> list[int]:
     encoded = [encoding.ids for encoding in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
     # Special ids are decoded too (not skipped): the check above already fails them.
     decoded = tokenizer.decode_batch(encoded, skip_special_tokens=False)
-    return [i for i, (text, ids, back) in enumerate(zip(texts, encoded, decoded)) if back != text or not specials.isdisjoint(ids)]
+    return [
+        i
+        for i, (text, ids, back) in enumerate(zip(texts, encoded, decoded))
+        if back != text or not specials.isdisjoint(ids)
+    ]
 
 
 def round_trip_failures(tokenizer: Tokenizer, texts: Iterable[str]) -> list[str]:

@@ -20,7 +20,14 @@ from aieng_core.data.tables import CLEAN_FILE, iter_batches
 from aieng_core.hashing import sha256_file, sha256_json
 from aieng_core.progress import Progress
 from aieng_core.store import Artifact, ArtifactNotFound, ArtifactSpec, ArtifactStore, Produced, RunInfo
-from aieng_core.tokenizer.bpe import TOKENIZER_FILES, capped, load_tokenizer, round_trip_misses, save_tokenizer_dir, train_bpe
+from aieng_core.tokenizer.bpe import (
+    TOKENIZER_FILES,
+    capped,
+    load_tokenizer,
+    round_trip_misses,
+    save_tokenizer_dir,
+    train_bpe,
+)
 
 KIND = asset_keys.BPE_TOKENIZER
 # v2: tokenizer_config.json sets split_special_tokens (special-token text in documents stays text).
@@ -92,7 +99,9 @@ def build_bpe_tokenizer(
     else:
         partitions = store.current_partitions(CLEAN_KIND)
         if not partitions:
-            raise ArtifactNotFound("bpe_tokenizer needs clean text: materialize clean_documents for at least one partition first")
+            raise ArtifactNotFound(
+                "bpe_tokenizer needs clean text: materialize clean_documents for at least one partition first"
+            )
         cleaned = [store.require_current(CLEAN_KIND, partition) for partition in partitions]
     spec = ArtifactSpec(
         kind=KIND,
@@ -105,7 +114,10 @@ def build_bpe_tokenizer(
 
     def produce(staging: Path) -> Produced:
         progress = Progress(logger, KIND)
-        progress.update(f"training a {config.tokenizer.vocab_size}-token BPE on {train_chars:,} characters from {len(partitions)} partitions", force=True)
+        progress.update(
+            f"training a {config.tokenizer.vocab_size}-token BPE on {train_chars:,} characters from {len(partitions)} partitions",
+            force=True,
+        )
         for artifact in cleaned:
             store.check_input(artifact)
         texts = capped(clean_texts(cleaned, config.data.batch_rows), config.tokenizer.max_training_chars)

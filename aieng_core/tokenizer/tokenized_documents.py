@@ -38,10 +38,14 @@ def refuse_stray_specials(flat: np.ndarray, offsets: np.ndarray, specials: np.nd
     if stray.any():
         rows = np.unique(np.searchsorted(offsets, np.flatnonzero(stray), side="right") - 1)
         named = ", ".join(repr(ids[row]) for row in rows[:5])
-        raise RuntimeError(f"special token ids inside the text of {len(rows)} documents ({named}); the tokenizer must encode document text as text")
+        raise RuntimeError(
+            f"special token ids inside the text of {len(rows)} documents ({named}); the tokenizer must encode document text as text"
+        )
 
 
-def tokenize_file(clean_path: Path, tokenizer_dir: Path, eos_token: str, out_path: Path, batch_rows: int, progress: Progress) -> Produced:
+def tokenize_file(
+    clean_path: Path, tokenizer_dir: Path, eos_token: str, out_path: Path, batch_rows: int, progress: Progress
+) -> Produced:
     tokenizer = load_tokenizer(tokenizer_dir)
     eos = np.array([special_token_id(tokenizer, eos_token)], dtype=np.int32)
     specials = np.array(sorted(special_ids(tokenizer)), dtype=np.int32)
@@ -91,7 +95,12 @@ def build_tokenized_documents(
         store.check_input(tokenizer)
         progress = Progress(logger, f"{KIND} {partition}")
         produced = tokenize_file(
-            clean.file(CLEAN_FILE), tokenizer.path, config.tokenizer.eos_token, staging / TOKENS_FILE, config.data.batch_rows, progress
+            clean.file(CLEAN_FILE),
+            tokenizer.path,
+            config.tokenizer.eos_token,
+            staging / TOKENS_FILE,
+            config.data.batch_rows,
+            progress,
         )
         metrics = {**produced.metrics, "tokenizer_id": tokenizer.id, "seconds": round(progress.elapsed, 3)}
         return Produced(produced.content_sha256, metrics, extra={"tokenizer_id": tokenizer.id})

@@ -118,11 +118,19 @@ def build_model_checkpoint(
             "tokens_per_second": outcome.tokens_seen / max(outcome.train_seconds, 1e-9),
             **memory_budget(parameters),
         }
-        state = {"steps": outcome.steps, "stopped_by": outcome.stopped_by, "resumed_from_step": outcome.resumed_from, "history": outcome.history}
+        state = {
+            "steps": outcome.steps,
+            "stopped_by": outcome.stopped_by,
+            "resumed_from_step": outcome.resumed_from,
+            "history": outcome.history,
+        }
         (staging / TRAINING_STATE_FILE).write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
         (staging / LOSS_CURVE_FILE).write_bytes(loss_curve_png(outcome.history, baseline))
         # The model is its weights, its config and its tokenizer; timings and the plot are not.
-        content = {name: sha256_file(staging / name) for name in (MODEL_FILE, CONFIG_FILE, GENERATION_CONFIG_FILE, *TOKENIZER_FILES)}
+        content = {
+            name: sha256_file(staging / name)
+            for name in (MODEL_FILE, CONFIG_FILE, GENERATION_CONFIG_FILE, *TOKENIZER_FILES)
+        }
         return Produced(content_sha256=sha256_json(content), metrics=metrics)
 
     artifact = store.build(spec, produce, run, logger)

@@ -57,7 +57,9 @@ def learning_rate(step: int, config: TrainingConfig) -> float:
         return config.learning_rate * (step + 1) / config.warmup_steps
     span = max(1, config.max_steps - config.warmup_steps)
     progress = min(1.0, (step - config.warmup_steps) / span)
-    return config.min_learning_rate + 0.5 * (1 + math.cos(math.pi * progress)) * (config.learning_rate - config.min_learning_rate)
+    return config.min_learning_rate + 0.5 * (1 + math.cos(math.pi * progress)) * (
+        config.learning_rate - config.min_learning_rate
+    )
 
 
 def _make_optimizer(model: LlamaForCausalLM, config: TrainingConfig) -> torch.optim.AdamW:
@@ -72,7 +74,9 @@ def _make_optimizer(model: LlamaForCausalLM, config: TrainingConfig) -> torch.op
     )
 
 
-def _batch(stream: torch.Tensor, starts: torch.Tensor, block: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _batch(
+    stream: torch.Tensor, starts: torch.Tensor, block: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     index = starts[:, None] + torch.arange(block + 1)[None, :]
     windows = stream[index]
     return windows[:, :-1].to(device), windows[:, 1:].to(device)
@@ -88,7 +92,9 @@ def eval_starts(length: int, config: TrainingConfig) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(model: LlamaForCausalLM, stream: torch.Tensor, starts: torch.Tensor, config: TrainingConfig, device: torch.device) -> float:
+def evaluate(
+    model: LlamaForCausalLM, stream: torch.Tensor, starts: torch.Tensor, config: TrainingConfig, device: torch.device
+) -> float:
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
@@ -103,18 +109,28 @@ def evaluate(model: LlamaForCausalLM, stream: torch.Tensor, starts: torch.Tensor
 
 # ---- checkpoints --------------------------------------------------------------------------
 def save_training_checkpoint(
-    work_dir: Path, model: LlamaForCausalLM, optimizer: torch.optim.AdamW, generator: torch.Generator, state: dict[str, Any]
+    work_dir: Path,
+    model: LlamaForCausalLM,
+    optimizer: torch.optim.AdamW,
+    generator: torch.Generator,
+    state: dict[str, Any],
 ) -> Path:
     """Write work_dir/step-NNNNNNNN atomically, then drop older ones: a kill at any moment
     leaves at least one complete checkpoint."""
     optimizer_state = optimizer.state_dict()
-    tensors = {f"{index}.{name}": value.contiguous() for index, slot in optimizer_state["state"].items() for name, value in slot.items()}
+    tensors = {
+        f"{index}.{name}": value.contiguous()
+        for index, slot in optimizer_state["state"].items()
+        for name, value in slot.items()
+    }
     target = work_dir / f"{CHECKPOINT_PREFIX}{state['step']:08d}"
     with atomic_directory(target) as staging:
         save_file(unique_state_dict(model), staging / "model.safetensors")
         save_file(tensors, staging / "optimizer.safetensors")
         save_file({"batch_generator": generator.get_state()}, staging / "rng.safetensors")
-        (staging / "state.json").write_text(json.dumps({**state, "param_groups": optimizer_state["param_groups"]}, indent=2))
+        (staging / "state.json").write_text(
+            json.dumps({**state, "param_groups": optimizer_state["param_groups"]}, indent=2)
+        )
     for older in work_dir.glob(f"{CHECKPOINT_PREFIX}*"):
         if older != target:
             shutil.rmtree(older, ignore_errors=True)
@@ -127,7 +143,11 @@ def latest_checkpoint(work_dir: Path) -> Path | None:
 
 
 def load_training_checkpoint(
-    work_dir: Path, model: LlamaForCausalLM, optimizer: torch.optim.AdamW, generator: torch.Generator, device: torch.device
+    work_dir: Path,
+    model: LlamaForCausalLM,
+    optimizer: torch.optim.AdamW,
+    generator: torch.Generator,
+    device: torch.device,
 ) -> dict[str, Any] | None:
     checkpoint = latest_checkpoint(work_dir)
     if checkpoint is None:
@@ -223,18 +243,34 @@ def _train(
             now = time.monotonic()
             rate = window_tokens / max(now - window_start, 1e-9)
             eta = (config.max_steps - step) * tokens_per_step / rate
-            record = {"step": step, "train_loss": loss.item(), "lr": lr, "grad_norm": float(grad_norm), "tokens_per_second": rate}
-            logger.info(f"step {step}/{config.max_steps}  loss {loss.item():.4f}  lr {lr:.2e}  {rate:,.0f} tok/s  ETA {eta:,.0f}s")
+            record = {
+                "step": step,
+                "train_loss": loss.item(),
+                "lr": lr,
+                "grad_norm": float(grad_norm),
+                "tokens_per_second": rate,
+            }
+            logger.info(
+                f"step {step}/{config.max_steps}  loss {loss.item():.4f}  lr {lr:.2e}  {rate:,.0f} tok/s  ETA {eta:,.0f}s"
+            )
             window_start, window_tokens = now, 0
         if step % config.eval_every == 0 or step == config.max_steps:
-            record = {"step": step, **record, "train_loss": loss.item(), "validation_loss": evaluate(model, val_stream, val_starts, config, device)}
+            record = {
+                "step": step,
+                **record,
+                "train_loss": loss.item(),
+                "validation_loss": evaluate(model, val_stream, val_starts, config, device),
+            }
             logger.info(f"step {step}: validation loss {record['validation_loss']:.4f}")
         if record:
             history.append(record)
         train_seconds = elapsed_before + time.monotonic() - started
         if step % config.checkpoint_every == 0 and step < config.max_steps:
             save_training_checkpoint(
-                work_dir, model, optimizer, generator,
+                work_dir,
+                model,
+                optimizer,
+                generator,
                 {"step": step, "history": history, "tokens_seen": tokens_seen, "train_seconds": train_seconds},
             )
         if on_step is not None:

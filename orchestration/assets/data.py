@@ -65,7 +65,9 @@ def clean_documents(context: dg.AssetExecutionContext, aieng: AiengResource) -> 
             "rows_quarantined": metrics["rows_quarantined"],
             **{f"quarantined_{reason}": metrics["reasons"][reason] for reason in ALL_REASONS},
             "clean_sample": table(head(artifact.file(CLEAN_FILE), 5), ["id", "text", "source_file", "line"]),
-            "quarantine_sample": table(quarantine_samples(artifact), ["reason", "detail", "source_file", "line", "raw"]),
+            "quarantine_sample": table(
+                quarantine_samples(artifact), ["reason", "detail", "source_file", "line", "raw"]
+            ),
         }
 
     return materialize_partitions(

@@ -28,8 +28,12 @@ class TokenizerRunConfig(dg.Config):
         "does not retrain it; a config or code-version change, or run config retrain=true, does."
     ),
 )
-def bpe_tokenizer(context: dg.AssetExecutionContext, config: TokenizerRunConfig, aieng: AiengResource) -> dg.MaterializeResult:
-    artifact = tokenizer_artifact.build_bpe_tokenizer(aieng.store(), aieng.settings(), config.retrain, run_info(context), context.log)
+def bpe_tokenizer(
+    context: dg.AssetExecutionContext, config: TokenizerRunConfig, aieng: AiengResource
+) -> dg.MaterializeResult:
+    artifact = tokenizer_artifact.build_bpe_tokenizer(
+        aieng.store(), aieng.settings(), config.retrain, run_info(context), context.log
+    )
     context.log.info(f"bpe_tokenizer: {'reused' if artifact.reused else 'trained'} {artifact.id}")
     metrics = artifact.metrics
     return materialize_one(
@@ -63,5 +67,7 @@ def tokenized_documents(context: dg.AssetExecutionContext, aieng: AiengResource)
         }
 
     return materialize_partitions(
-        context, lambda p: tokenized.build_tokenized_documents(store, config, p, run_info(context), context.log), describe
+        context,
+        lambda p: tokenized.build_tokenized_documents(store, config, p, run_info(context), context.log),
+        describe,
     )

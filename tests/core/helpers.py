@@ -108,4 +108,9 @@ def clean_files(directory: Path, files: dict[str, bytes], config) -> Cleaned:
     out = directory / "out"
     out.mkdir(parents=True, exist_ok=True)
     produced = clean_partition([(name, landed / name) for name in sorted(files)], config, out)
-    return Cleaned(produced.metrics, produced.content_sha256, read_table(out / "clean.parquet"), read_table(out / "quarantine.parquet"))
+    return Cleaned(
+        produced.metrics,
+        produced.content_sha256,
+        read_table(out / "clean.parquet"),
+        read_table(out / "quarantine.parquet"),
+    )

@@ -15,7 +15,9 @@ from aieng_core.data.record_count import count_lines
 
 
 def lines_of(count: int, tag: str) -> bytes:
-    return b"".join(json.dumps({"id": f"{tag}{i}", "text": f"member {tag} line {i}"}).encode() + b"\n" for i in range(count))
+    return b"".join(
+        json.dumps({"id": f"{tag}{i}", "text": f"member {tag} line {i}"}).encode() + b"\n" for i in range(count)
+    )
 
 
 def pieces(tmp_path: Path, name: str, data: bytes, limit: int = 1 << 30) -> list[bytes | Gap]:
@@ -118,7 +120,12 @@ def test_independent_count_agrees_with_the_splitter(items: list, max_bytes: int)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(alphabet="a \n\r中😀", max_size=30), st.integers(0, 6), st.booleans(), st.sampled_from(["utf-16-le", "utf-16-be", "utf-32-le"]))
+@given(
+    st.text(alphabet="a \n\r中😀", max_size=30),
+    st.integers(0, 6),
+    st.booleans(),
+    st.sampled_from(["utf-16-le", "utf-16-be", "utf-32-le"]),
+)
 def test_independent_count_agrees_on_wide_encodings(text: str, cut: int, odd: bool, codec: str) -> None:
     width = 4 if "32" in codec else 2
     data = text.encode(codec) + (b"\x00" if odd else b"")

@@ -59,7 +59,12 @@ JSONL_CASES = {
         {"id": "x", "text": "A document with a numeric source.", "source": 5},
         {"id": "x", "text": "A document with a list as lang.", "lang": ["en"]},
     ],
-    "empty_text": [{"id": "x", "text": ""}, {"id": "x", "text": "   "}, {"id": "x", "text": " \t\x07 \n \u3000\u2028 "}, {"id": "x", "text": "\x00\x01"}],
+    "empty_text": [
+        {"id": "x", "text": ""},
+        {"id": "x", "text": "   "},
+        {"id": "x", "text": " \t\x07 \n \u3000\u2028 "},
+        {"id": "x", "text": "\x00\x01"},
+    ],
     "too_short": [{"id": "x", "text": "ok."}, {"id": "x", "text": "  nine  \t chr "}],  # "nine chr" is 8
     "too_long": [{"id": "x", "text": "x" * 61}, {"id": "x", "text": "word " * 20}],
 }
@@ -82,7 +87,12 @@ def test_each_bad_jsonl_row_gets_its_reason(tmp_path: Path, reason: str) -> None
 
 
 def test_details_name_the_field(tmp_path: Path) -> None:
-    data = jsonl({"text": "no id here at all"}, {"id": "x", "text": None}, {"id": 7, "text": "numeric id here"}, {"id": "   ", "text": "blank id here"})
+    data = jsonl(
+        {"text": "no id here at all"},
+        {"id": "x", "text": None},
+        {"id": 7, "text": "numeric id here"},
+        {"id": "   ", "text": "blank id here"},
+    )
     result = clean_files(tmp_path, {"day.jsonl": data}, CONFIG)
     details = [row["detail"] for row in result.quarantine]
     assert details[0] == "id is missing"
@@ -140,20 +150,47 @@ def test_length_bounds_are_inclusive_and_measured_after_cleaning(tmp_path: Path)
     ]
     result = clean_files(tmp_path, {"day.jsonl": jsonl(*rows)}, CONFIG)
     assert sorted(result.texts()) == ["ctrl", "max", "min"]
-    assert [(r["line"], r["reason"]) for r in result.quarantine] == [(2, "too_short"), (3, "too_short"), (5, "too_long")]
+    assert [(r["line"], r["reason"]) for r in result.quarantine] == [
+        (2, "too_short"),
+        (3, "too_short"),
+        (5, "too_long"),
+    ]
     assert result.texts()["ctrl"] == "o" * 60
     assert result.metrics["chars_clean"] == 10 + 60 + 60
 
 
 def test_clean_rows_carry_cleaned_text_and_optional_fields(tmp_path: Path) -> None:
     rows = [
-        {"id": "a", "text": "  Hello\t\tworld\x00!\n\n\n\nBye  ", "source": "web", "lang": "en", "created_at": "2026-01-01", "extra": 1},
+        {
+            "id": "a",
+            "text": "  Hello\t\tworld\x00!\n\n\n\nBye  ",
+            "source": "web",
+            "lang": "en",
+            "created_at": "2026-01-01",
+            "extra": 1,
+        },
         {"id": "b", "text": "Second document here.", "source": "", "lang": None},
     ]
     result = clean_files(tmp_path, {"day.jsonl": jsonl(*rows)}, CONFIG)
     assert result.clean == [
-        {"id": "a", "text": "Hello world!\n\nBye", "source": "web", "lang": "en", "created_at": "2026-01-01", "source_file": "day.jsonl", "line": 1},
-        {"id": "b", "text": "Second document here.", "source": None, "lang": None, "created_at": None, "source_file": "day.jsonl", "line": 2},
+        {
+            "id": "a",
+            "text": "Hello world!\n\nBye",
+            "source": "web",
+            "lang": "en",
+            "created_at": "2026-01-01",
+            "source_file": "day.jsonl",
+            "line": 1,
+        },
+        {
+            "id": "b",
+            "text": "Second document here.",
+            "source": None,
+            "lang": None,
+            "created_at": None,
+            "source_file": "day.jsonl",
+            "line": 2,
+        },
     ]
 
 
@@ -185,7 +222,10 @@ def test_an_id_is_taken_only_once_a_row_with_it_is_clean(tmp_path: Path) -> None
     result = clean_files(tmp_path, {"day.jsonl": jsonl(*rows)}, CONFIG)
     assert result.texts() == {"b": "A text that b has first.", "a": "Now id a finally has a clean row."}
     assert [(r["line"], r["reason"]) for r in result.quarantine] == [
-        (1, "too_short"), (2, "empty_text"), (4, "duplicate_text"), (6, "duplicate_id"),
+        (1, "too_short"),
+        (2, "empty_text"),
+        (4, "duplicate_text"),
+        (6, "duplicate_id"),
     ]
 
 
@@ -238,8 +278,16 @@ MIXED = jsonl(
     {"id": "j", "text": "The last good document."},
 )
 MIXED_REASONS = {
-    "malformed_json": 1, "wrong_type": 1, "empty_text": 1, "missing_field": 1, "duplicate_id": 1,
-    "duplicate_text": 1, "too_short": 1, "undecodable": 1, "malformed_row": 1, "too_long": 1,
+    "malformed_json": 1,
+    "wrong_type": 1,
+    "empty_text": 1,
+    "missing_field": 1,
+    "duplicate_id": 1,
+    "duplicate_text": 1,
+    "too_short": 1,
+    "undecodable": 1,
+    "malformed_row": 1,
+    "too_long": 1,
 }
 
 
@@ -251,14 +299,18 @@ def test_batch_size_changes_nothing(tmp_path: Path, batch_rows: int) -> None:
     assert [r["id"] for r in result.clean] == ["good", "h", "j"]
     assert [r["line"] for r in result.quarantine] == [2, 3, 4, 5, 6, 7, 8, 9, 11, 12]
     assert_accounted(result)
-    reference = clean_files(tmp_path / "reference", {"day.jsonl": MIXED}, DataConfig(min_chars=10, max_chars=60, batch_rows=4))
+    reference = clean_files(
+        tmp_path / "reference", {"day.jsonl": MIXED}, DataConfig(min_chars=10, max_chars=60, batch_rows=4)
+    )
     assert result.content_sha256 == reference.content_sha256
 
 
 def test_content_hash_ignores_file_names_of_clean_rows_but_not_text(tmp_path: Path) -> None:
     base = clean_files(tmp_path / "a", {"day.jsonl": jsonl(GOOD)}, CONFIG)
     renamed = clean_files(tmp_path / "b", {"other.jsonl": jsonl(GOOD)}, CONFIG)
-    changed = clean_files(tmp_path / "c", {"day.jsonl": jsonl({"id": "good", "text": "A perfectly good document!"})}, CONFIG)
+    changed = clean_files(
+        tmp_path / "c", {"day.jsonl": jsonl({"id": "good", "text": "A perfectly good document!"})}, CONFIG
+    )
     assert base.content_sha256 == renamed.content_sha256
     assert changed.content_sha256 != base.content_sha256
 
@@ -286,10 +338,25 @@ def test_build_from_landed_files(store: ArtifactStore, home: Path, tiny_config) 
     assert clean.manifest["inputs"] == [{"kind": "raw_documents", "id": raw.id}]
     assert clean.manifest["partition"] == PARTITION and clean.id.startswith(PARTITION)
     assert clean.metrics["rows_in"] == 5 and clean.metrics["rows_clean"] == 2
-    assert {k: v for k, v in clean.metrics["reasons"].items() if v} == {"too_short": 1, "malformed_json": 1, "duplicate_id": 1}
-    assert row_accounting(clean) == {"passed": True, "rows_expected": 5, "rows_in": 5, "rows_clean": 2, "rows_quarantined": 3, "problems": []}
+    assert {k: v for k, v in clean.metrics["reasons"].items() if v} == {
+        "too_short": 1,
+        "malformed_json": 1,
+        "duplicate_id": 1,
+    }
+    assert row_accounting(clean) == {
+        "passed": True,
+        "rows_expected": 5,
+        "rows_in": 5,
+        "rows_clean": 2,
+        "rows_quarantined": 3,
+        "problems": [],
+    }
     assert [r["id"] for r in read_table(clean.file(CLEAN_FILE))] == ["good", "y"]
-    assert [(r["source_file"], r["line"]) for r in read_table(clean.file(QUARANTINE_FILE))] == [("a.jsonl", 2), ("a.jsonl", 3), ("b.csv", 2)]
+    assert [(r["source_file"], r["line"]) for r in read_table(clean.file(QUARANTINE_FILE))] == [
+        ("a.jsonl", 2),
+        ("a.jsonl", 3),
+        ("b.csv", 2),
+    ]
     assert store.current(CLEAN_KIND, PARTITION).id == clean.id
     assert sorted(clean.manifest["files"]) == [CLEAN_FILE, QUARANTINE_FILE]
 
@@ -313,7 +380,9 @@ def test_row_accounting_counts_written_rows(store: ArtifactStore, home: Path, ti
     land(home, PARTITION, "a.jsonl", jsonl(GOOD, {"id": "x", "text": "ok"}))
     build_raw_documents(store, tiny_config, PARTITION)
     clean = build_clean_documents(store, tiny_config, PARTITION)
-    lying = type(clean)(clean.kind, clean.id, clean.path, {**clean.manifest, "metrics": {**clean.metrics, "rows_in": 3}})
+    lying = type(clean)(
+        clean.kind, clean.id, clean.path, {**clean.manifest, "metrics": {**clean.metrics, "rows_in": 3}}
+    )
     assert row_accounting(lying) == {
         "passed": False,
         "rows_expected": 2,
@@ -324,12 +393,16 @@ def test_row_accounting_counts_written_rows(store: ArtifactStore, home: Path, ti
     }
 
 
-def test_row_accounting_catches_a_reader_that_loses_rows(store: ArtifactStore, home: Path, tiny_config, monkeypatch) -> None:
+def test_row_accounting_catches_a_reader_that_loses_rows(
+    store: ArtifactStore, home: Path, tiny_config, monkeypatch
+) -> None:
     """The conservation check must not trust the reader: rows that a buggy reader never
     yields never enter rows_in, so only the independent count can notice them."""
     from aieng_core.data import readers
 
-    land(home, PARTITION, "a.jsonl", jsonl(*({"id": f"r{i}", "text": f"document number {i} is here"} for i in range(10))))
+    land(
+        home, PARTITION, "a.jsonl", jsonl(*({"id": f"r{i}", "text": f"document number {i} is here"} for i in range(10)))
+    )
     build_raw_documents(store, tiny_config, PARTITION)
     honest = readers.read_jsonl
 

@@ -105,7 +105,10 @@ def test_control_pattern_is_exactly_category_cc_minus_newline_and_tab() -> None:
     derived = {chr(cp) for cp in range(0x10000) if unicodedata.category(chr(cp)) == "Cc"} - {"\n", "\t"}
     matched = {chr(cp) for cp in range(0x10000) if cleaning._CONTROL.match(chr(cp))}
     assert matched == derived
-    assert {chr(cp) for cp in range(0x10000) if cleaning._CONTROL_OR_LINE_BREAK.match(chr(cp))} == derived | {"\u2028", "\u2029"}
+    assert {chr(cp) for cp in range(0x10000) if cleaning._CONTROL_OR_LINE_BREAK.match(chr(cp))} == derived | {
+        "\u2028",
+        "\u2029",
+    }
 
 
 def test_ascii_tables_follow_the_rules() -> None:
@@ -199,6 +202,8 @@ def test_is_blank(text: str) -> None:
     assert is_blank(text)
 
 
-@pytest.mark.parametrize("text", ["a", " . ", "\u200b中", "\u0301", "\U0001f600", "\ufeffx\ufeff", "\ud800", "\ue000", "\u2066a"])
+@pytest.mark.parametrize(
+    "text", ["a", " . ", "\u200b中", "\u0301", "\U0001f600", "\ufeffx\ufeff", "\ud800", "\ue000", "\u2066a"]
+)
 def test_is_not_blank(text: str) -> None:
     assert not is_blank(text)

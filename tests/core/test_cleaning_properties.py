@@ -13,7 +13,20 @@ from aieng_core.data import cleaning
 from aieng_core.data.cleaning import ExcessiveCombiningMarks, clean_text, collapse_whitespace, is_blank
 
 LINE_BREAKS = "\n\r\x0b\x0c\x85\u2028\u2029"
-MARKS = ["\u0301", "\u0302", "\u0323", "\u0308", "\u0344", "\u093c", "\u094d", "\u05b0", "\u064e", "\u0e38", "\U0001d167", "\u0f73"]
+MARKS = [
+    "\u0301",
+    "\u0302",
+    "\u0323",
+    "\u0308",
+    "\u0344",
+    "\u093c",
+    "\u094d",
+    "\u05b0",
+    "\u064e",
+    "\u0e38",
+    "\U0001d167",
+    "\u0f73",
+]
 NASTY = [
     *"\n\n\n  \t\r\r\n", "\r\n", "\x00", "\x07", "\x0b", "\x0c", "\x1b", "\x1c", "\x1d", "\x1e", "\x1f", "\x7f", "\x85", "\x9f",
     "\u00a0", "\u1680", "\u2000", "\u2001", "\u2007", "\u200a", "\u2028", "\u2029", "\u202f", "\u205f", "\u3000",

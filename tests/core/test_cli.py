@@ -45,7 +45,9 @@ def test_data_report_json_has_exact_counts(built_demo: BuiltHome, capsys: pytest
     assert len(read_table(Path(report["quarantine_path"]))) == report["rows_quarantined"]
 
 
-def test_data_report_uses_AIENG_HOME(built_demo: BuiltHome, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_data_report_uses_AIENG_HOME(
+    built_demo: BuiltHome, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("AIENG_HOME", str(built_demo.home))
     code, out, _ = run(capsys, "data", "report", "--partition", "2026-01-01", "--json")
     assert code == 0 and json.loads(out)["rows_quarantined"] == sum(EXPECTED_DIRTY["day1"].values())

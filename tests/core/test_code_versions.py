@@ -23,7 +23,10 @@ def test_every_stage_version_is_locked_to_its_source() -> None:
 def test_a_code_change_without_a_version_bump_is_caught(tmp_path: Path, monkeypatch) -> None:
     copy = copy_package(tmp_path)
     cleaning = copy / "data" / "cleaning.py"
-    cleaning.write_text(cleaning.read_text(encoding="utf-8").replace("MAX_COMBINING_RUN = 30", "MAX_COMBINING_RUN = 31"), encoding="utf-8")
+    cleaning.write_text(
+        cleaning.read_text(encoding="utf-8").replace("MAX_COMBINING_RUN = 30", "MAX_COMBINING_RUN = 31"),
+        encoding="utf-8",
+    )
     monkeypatch.setattr(code_versions, "PACKAGE", copy)
     (problem,) = code_versions.problems()
     assert problem.startswith("clean_documents: its source changed but CODE_VERSION is still 'clean_documents-v2'")
@@ -34,7 +37,10 @@ def test_comments_docstrings_and_formatting_need_no_bump(tmp_path: Path, monkeyp
     readers = copy / "data" / "readers.py"
     source = readers.read_text(encoding="utf-8")
     source = source.replace('"""Reading landed files', '"""Reworded: reading landed files', 1)
-    source = source.replace("def is_data_file(name: str) -> bool:\n", "# a new comment\ndef is_data_file(name: str) -> bool:  # and another\n\n")
+    source = source.replace(
+        "def is_data_file(name: str) -> bool:\n",
+        "# a new comment\ndef is_data_file(name: str) -> bool:  # and another\n\n",
+    )
     readers.write_text(source, encoding="utf-8")
     monkeypatch.setattr(code_versions, "PACKAGE", copy)
     assert code_versions.problems() == []
@@ -50,5 +56,9 @@ def test_lock_refuses_to_give_a_version_another_source(tmp_path: Path, monkeypat
     monkeypatch.setattr(code_versions, "PACKAGE", copy)
     monkeypatch.setattr(code_versions, "LOCK_FILE", lock_copy)
     refused = code_versions.lock()
-    assert {problem.split(":")[0] for problem in refused} == {"bpe_tokenizer", "tokenized_documents", "model_checkpoint"}
+    assert {problem.split(":")[0] for problem in refused} == {
+        "bpe_tokenizer",
+        "tokenized_documents",
+        "model_checkpoint",
+    }
     assert lock_copy.read_bytes() == before  # nothing recorded

@@ -124,7 +124,11 @@ def test_out_of_range_value_is_named(tmp_path: Path, text: str, key: str) -> Non
 
 
 def test_bounds_at_the_limits_are_accepted(tmp_path: Path) -> None:
-    config = load_config(write_config(tmp_path, "data:\n  min_chars: 0\n  max_chars: 1\n  batch_rows: 1000000\ntokenizer:\n  vocab_size: 300\n"))
+    config = load_config(
+        write_config(
+            tmp_path, "data:\n  min_chars: 0\n  max_chars: 1\n  batch_rows: 1000000\ntokenizer:\n  vocab_size: 300\n"
+        )
+    )
     assert (config.data.min_chars, config.data.max_chars, config.data.batch_rows) == (0, 1, 1_000_000)
     assert config.tokenizer.vocab_size == 300
 
@@ -140,7 +144,9 @@ def test_equal_eos_and_pad_tokens_are_rejected(tmp_path: Path) -> None:
 
 
 def test_several_mistakes_are_all_reported(tmp_path: Path) -> None:
-    message = config_error(write_config(tmp_path, "data:\n  min_chars: -1\n  colour: red\ntokenizer:\n  vocab_size: 1\n"))
+    message = config_error(
+        write_config(tmp_path, "data:\n  min_chars: -1\n  colour: red\ntokenizer:\n  vocab_size: 1\n")
+    )
     for key in ("data.min_chars", "data.colour", "tokenizer.vocab_size"):
         assert key in message
 

@@ -17,13 +17,31 @@ def validate_one(record: dict) -> dict | tuple[str, str]:
 
 def test_a_valid_record_comes_back_with_only_the_contract_fields() -> None:
     record = {"id": "a", "text": "Some text.", "source": "web", "lang": "en", "created_at": "2030-01-01", "extra": 1}
-    assert validate_one(record) == {"id": "a", "text": "Some text.", "source": "web", "lang": "en", "created_at": "2030-01-01"}
+    assert validate_one(record) == {
+        "id": "a",
+        "text": "Some text.",
+        "source": "web",
+        "lang": "en",
+        "created_at": "2030-01-01",
+    }
 
 
 def test_results_keep_the_order_of_the_records() -> None:
-    records = [{"id": "a", "text": "x"}, {"id": 1, "text": "x"}, {"id": "b", "text": "y"}, {"text": "x"}, {"id": "c", "text": "z"}]
+    records = [
+        {"id": "a", "text": "x"},
+        {"id": 1, "text": "x"},
+        {"id": "b", "text": "y"},
+        {"text": "x"},
+        {"id": "c", "text": "z"},
+    ]
     results = validate_batch(records)
-    assert [r["id"] if isinstance(r, dict) else r[0] for r in results] == ["a", reasons.WRONG_TYPE, "b", reasons.MISSING_FIELD, "c"]
+    assert [r["id"] if isinstance(r, dict) else r[0] for r in results] == [
+        "a",
+        reasons.WRONG_TYPE,
+        "b",
+        reasons.MISSING_FIELD,
+        "c",
+    ]
 
 
 def test_empty_optional_fields_count_as_absent() -> None:
@@ -48,7 +66,9 @@ def test_missing_and_blank_fields(record: dict, detail: str) -> None:
     assert validate_one(record) == (reasons.MISSING_FIELD, detail)
 
 
-@pytest.mark.parametrize("invisible", ["\u200b", "\ufeff", "\x1c", " ", "\u200b\ufeff\x1c ", "\u2060\u00ad\u200d", "\u3164", "\U000e0041"])
+@pytest.mark.parametrize(
+    "invisible", ["\u200b", "\ufeff", "\x1c", " ", "\u200b\ufeff\x1c ", "\u2060\u00ad\u200d", "\u3164", "\U000e0041"]
+)
 def test_an_id_of_only_invisible_characters_is_blank(invisible: str) -> None:
     assert validate_one({"id": invisible, "text": "x"}) == (reasons.MISSING_FIELD, "id is blank")
 
@@ -83,12 +103,17 @@ def test_composed_and_decomposed_ids_are_one_id() -> None:
 
 def test_ids_up_to_the_limit_pass() -> None:
     assert validate_one({"id": "a" * MAX_ID_CHARS, "text": "x"})["id"] == "a" * MAX_ID_CHARS
-    assert validate_one({"id": "e" + "\u0301" * 30, "text": "x"})["id"] == unicodedata.normalize("NFC", "e" + "\u0301" * 30)
+    assert validate_one({"id": "e" + "\u0301" * 30, "text": "x"})["id"] == unicodedata.normalize(
+        "NFC", "e" + "\u0301" * 30
+    )
 
 
 def test_an_id_over_1024_characters_is_invalid() -> None:
     assert MAX_ID_CHARS == 1024
-    assert validate_one({"id": "a" * 1025, "text": "x"}) == (reasons.INVALID_ID, "id is 1025 characters, over the limit of 1024")
+    assert validate_one({"id": "a" * 1025, "text": "x"}) == (
+        reasons.INVALID_ID,
+        "id is 1025 characters, over the limit of 1024",
+    )
     # Checked before any Unicode work: a long run of marks is rejected for its length alone.
     assert validate_one({"id": "a" + "\u0301" * 160_000, "text": "x"})[0] == reasons.INVALID_ID
 

@@ -51,7 +51,11 @@ def test_one_changed_byte_of_raw_text_changes_the_data_version(built_demo: Built
 def test_dataset_document(built_demo: BuiltHome) -> None:
     dataset = read_dataset(built_demo.dataset)
     config = built_demo.config.dataset
-    assert dataset["split"] == {"method": METHOD, "validation_fraction": config.validation_fraction, "seed": config.split_seed}
+    assert dataset["split"] == {
+        "method": METHOD,
+        "validation_fraction": config.validation_fraction,
+        "seed": config.split_seed,
+    }
     assert dataset["tokenizer_sha256"] == built_demo.tokenizer.content_sha256
     assert dataset["tokenizer_id"] == built_demo.tokenizer.id
     assert dataset["artifacts"] == {p: built_demo.tokenized[p].id for p in DEMO_PARTITIONS}
@@ -139,7 +143,9 @@ def test_stale_tokenization_names_the_partitions(built_demo: BuiltHome, copy_hom
     assert dataset.content_sha256 != built_demo.dataset.content_sha256
 
 
-def test_needs_a_tokenizer_and_tokenized_partitions(store: ArtifactStore, tiny_config, built_demo: BuiltHome, copy_home) -> None:
+def test_needs_a_tokenizer_and_tokenized_partitions(
+    store: ArtifactStore, tiny_config, built_demo: BuiltHome, copy_home
+) -> None:
     with pytest.raises(ArtifactNotFound, match="bpe_tokenizer"):
         build_dataset_manifest(store, tiny_config)
     home = copy_home(built_demo)

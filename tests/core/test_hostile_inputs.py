@@ -237,9 +237,20 @@ def test_hostile_case(tmp_path: Path, case: Case, data_config, watchdog) -> None
 
 # One case of each reading path: the independent count the spec adds to the metrics.
 METRIC_KINDS = [
-    "utf16le_10k", "mixed_gbk_utf8_lines", "blank_and_crlf_lines", "csv_multiline_with_gbk", "csv_unterminated_quote",
-    "csv_record_size_limit", "duplicates_across_files", "empty_csv", "gz_damaged_member", "gz_truncated",
-    "gz_damaged_member_csv", "pq_damaged_page", "pq_no_footer", "pq_invalid_utf8_cells",
+    "utf16le_10k",
+    "mixed_gbk_utf8_lines",
+    "blank_and_crlf_lines",
+    "csv_multiline_with_gbk",
+    "csv_unterminated_quote",
+    "csv_record_size_limit",
+    "duplicates_across_files",
+    "empty_csv",
+    "gz_damaged_member",
+    "gz_truncated",
+    "gz_damaged_member_csv",
+    "pq_damaged_page",
+    "pq_no_footer",
+    "pq_invalid_utf8_cells",
 ]
 
 
@@ -306,7 +317,9 @@ def csv_line(draw) -> bytes:
         return draw(st.sampled_from(BLANKS))
     if kind == "fields":
         return f"{doc_id},{text},{text}".encode()
-    return draw(st.sampled_from([f'{doc_id},"{text}"', f'{doc_id},"{text}" tail', f'{doc_id},"open', f'close",{doc_id}'])).encode()
+    return draw(
+        st.sampled_from([f'{doc_id},"{text}"', f'{doc_id},"{text}" tail', f'{doc_id},"open', f'close",{doc_id}'])
+    ).encode()
 
 
 @st.composite
@@ -315,7 +328,9 @@ def landed_file(draw, index: int) -> tuple[str, bytes]:
         lines = draw(st.lists(jsonl_line(), max_size=12))
         name = f"f{index}.jsonl"
     else:
-        lines = [draw(st.sampled_from([b"id,text", b"id,text,source", b" id , text "]))] + draw(st.lists(csv_line(), max_size=12))
+        lines = [draw(st.sampled_from([b"id,text", b"id,text,source", b" id , text "]))] + draw(
+            st.lists(csv_line(), max_size=12)
+        )
         name = f"f{index}.csv"
     data = b"\n".join(lines) + (b"\n" if draw(st.booleans()) else b"")
     if data.startswith(BOMS):

@@ -70,13 +70,21 @@ def test_a_rebuilt_input_has_its_recipe_id_and_the_downstream_step_goes_on(built
     assert (rebuilt.id, rebuilt.reused, rebuilt.content_sha256) == (clean.id, False, clean.content_sha256)
     assert any(p.name.startswith(f".damaged-{clean.id}") for p in (store.root / "clean_documents").iterdir())
     tokenized = build_tokenized_documents(store, built_demo.config, PARTITION)
-    assert (tokenized.id, tokenized.content_sha256) == (built_demo.tokenized[PARTITION].id, built_demo.tokenized[PARTITION].content_sha256)
+    assert (tokenized.id, tokenized.content_sha256) == (
+        built_demo.tokenized[PARTITION].id,
+        built_demo.tokenized[PARTITION].content_sha256,
+    )
 
 
 def test_dataset_manifest_refuses_tokens_from_superseded_clean_text(built_demo: BuiltHome, copy_home) -> None:
     home = copy_home(built_demo)
     store = ArtifactStore(home)
-    land(home, PARTITION, "late.jsonl", jsonl({"id": "late-1", "text": "A document that landed after the day was built."}))
+    land(
+        home,
+        PARTITION,
+        "late.jsonl",
+        jsonl({"id": "late-1", "text": "A document that landed after the day was built."}),
+    )
     build_raw_documents(store, built_demo.config, PARTITION)
     build_clean_documents(store, built_demo.config, PARTITION)  # a new clean artifact; tokens not redone
     with pytest.raises(StaleTokenization) as error:
@@ -94,7 +102,12 @@ def test_a_damaged_pinned_tokenizer_is_rebuilt_under_its_own_id(built_demo: Buil
     tokenizer = built_demo.tokenizer
     original = (store.root / "bpe_tokenizer" / tokenizer.id / "tokenizer.json").read_bytes()
     # A new day's clean text exists: a fresh training would give another tokenizer and id.
-    land(home, "2026-01-04", "new.jsonl", jsonl({"id": "n1", "text": "Brand new vocabulary: zyzzyva quixotic xylophone."}))
+    land(
+        home,
+        "2026-01-04",
+        "new.jsonl",
+        jsonl({"id": "n1", "text": "Brand new vocabulary: zyzzyva quixotic xylophone."}),
+    )
     build_raw_documents(store, built_demo.config, "2026-01-04")
     build_clean_documents(store, built_demo.config, "2026-01-04")
     damage(store.root / "bpe_tokenizer" / tokenizer.id / "tokenizer.json")

@@ -31,10 +31,16 @@ LOGIT_TOLERANCE = 1e-4
 # mlp = 3*32*80; two norms of 32 per layer; final norm 32; embedding 97*32 (x2 if untied).
 CONFIGS = {
     "gqa-tied": (dict(num_key_value_heads=2, tie_word_embeddings=True), 3104 + 2 * (2048 + 1024 + 7680 + 64) + 32),
-    "gqa-untied": (dict(num_key_value_heads=2, tie_word_embeddings=False), 2 * 3104 + 2 * (2048 + 1024 + 7680 + 64) + 32),
+    "gqa-untied": (
+        dict(num_key_value_heads=2, tie_word_embeddings=False),
+        2 * 3104 + 2 * (2048 + 1024 + 7680 + 64) + 32,
+    ),
     "mha-tied": (dict(num_key_value_heads=4, tie_word_embeddings=True), 3104 + 2 * (2048 + 2048 + 7680 + 64) + 32),
     "mqa-tied": (dict(num_key_value_heads=1, tie_word_embeddings=True), 3104 + 2 * (2048 + 512 + 7680 + 64) + 32),
-    "mha-untied": (dict(num_key_value_heads=4, tie_word_embeddings=False), 2 * 3104 + 2 * (2048 + 2048 + 7680 + 64) + 32),
+    "mha-untied": (
+        dict(num_key_value_heads=4, tie_word_embeddings=False),
+        2 * 3104 + 2 * (2048 + 2048 + 7680 + 64) + 32,
+    ),
 }
 
 

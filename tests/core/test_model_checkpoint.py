@@ -165,7 +165,10 @@ def test_config_json_matches_the_tiny_model_config(trained: Trained) -> None:
     model = trained.config.model
     assert config.vocab_size == tokenizer.get_vocab_size() == 512
     assert (config.hidden_size, config.intermediate_size, config.num_hidden_layers) == (64, 172, 2)
-    assert (config.num_attention_heads, config.num_key_value_heads) == (model.num_attention_heads, model.num_key_value_heads)
+    assert (config.num_attention_heads, config.num_key_value_heads) == (
+        model.num_attention_heads,
+        model.num_key_value_heads,
+    )
     assert config.tie_word_embeddings is True
     assert config.eos_token_id == tokenizer.token_to_id("<|endoftext|>")
     assert config.pad_token_id == tokenizer.token_to_id("<|pad|>")
@@ -222,7 +225,9 @@ def test_transformers_loads_the_artifact_with_equal_logits_and_greedy_tokens(tra
     assert difference <= 1e-4
     new = 16
     mine = ours.generate_greedy(ids, new)
-    theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False, eos_token_id=None)
+    theirs = hf.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False, eos_token_id=None
+    )
     assert mine.tolist() == theirs.tolist()
 
 
@@ -382,7 +387,9 @@ def test_a_file_missing_from_the_manifest_is_refused(trained: Trained, tmp_path:
         load_model(replace(copy, manifest=manifest))
 
 
-def rewritten_artifact(base: Artifact, target: Path, tensors: dict[str, torch.Tensor] | None = None, raw_weights: bytes | None = None) -> Artifact:
+def rewritten_artifact(
+    base: Artifact, target: Path, tensors: dict[str, torch.Tensor] | None = None, raw_weights: bytes | None = None
+) -> Artifact:
     """A copy of `base` with other weights, and a manifest whose hashes match them."""
     shutil.copytree(base.path, target)
     if tensors is not None:
@@ -396,7 +403,9 @@ def rewritten_artifact(base: Artifact, target: Path, tensors: dict[str, torch.Te
 
 
 def test_weights_that_match_the_manifest_but_are_not_safetensors_are_refused(trained: Trained, tmp_path: Path) -> None:
-    crafted = rewritten_artifact(trained.artifact, tmp_path / "crafted", raw_weights=b"\x08\x00\x00\x00\x00\x00\x00\x00not json")
+    crafted = rewritten_artifact(
+        trained.artifact, tmp_path / "crafted", raw_weights=b"\x08\x00\x00\x00\x00\x00\x00\x00not json"
+    )
     with pytest.raises(ArtifactIntegrityError, match="model.safetensors: unreadable safetensors"):
         load_model(crafted)
     # The functions the asset checks call must refuse it the same clear way, naming the file.
@@ -433,9 +442,13 @@ def run_cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
-def test_cli_model_train_reuses_and_prints_one_json_document(trained: Trained, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_cli_model_train_reuses_and_prints_one_json_document(
+    trained: Trained, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     store = copy_of(trained, tmp_path / "home")
-    code, out, err = run_cli(capsys, "--home", str(store.home), "--config", str(TINY_CONFIG), "model", "train", "--json", "--no-progress")
+    code, out, err = run_cli(
+        capsys, "--home", str(store.home), "--config", str(TINY_CONFIG), "model", "train", "--json", "--no-progress"
+    )
     assert code == 0
     assert err == ""
     result = json.loads(out)
@@ -452,7 +465,9 @@ def test_cli_model_train_trains_a_new_recipe(trained: Trained, tmp_path: Path, c
     assert data != TINY_CONFIG.read_text(encoding="utf-8")
     config_path = tmp_path / "five-steps.yaml"
     config_path.write_text(data, encoding="utf-8")
-    code, out, err = run_cli(capsys, "--home", str(store.home), "--config", str(config_path), "model", "train", "--json", "--no-progress")
+    code, out, err = run_cli(
+        capsys, "--home", str(store.home), "--config", str(config_path), "model", "train", "--json", "--no-progress"
+    )
     assert code == 0 and err == ""
     result = json.loads(out)
     assert result["reused"] is False

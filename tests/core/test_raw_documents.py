@@ -71,7 +71,11 @@ def test_sources_list_every_landed_file(store: ArtifactStore, home: Path, tiny_c
     ]
     assert artifact.manifest["ignored_files"] == [".in-flight.jsonl.tmp-123", "notes.md"]
     assert artifact.metrics == {"files": 3, "bytes": sum(len(contents[n]) for n in ("a.jsonl", "b.csv", "c.jsonl.gz"))}
-    assert sorted(artifact.manifest["files"]) == [f"{FILES_DIR}/a.jsonl", f"{FILES_DIR}/b.csv", f"{FILES_DIR}/c.jsonl.gz"]
+    assert sorted(artifact.manifest["files"]) == [
+        f"{FILES_DIR}/a.jsonl",
+        f"{FILES_DIR}/b.csv",
+        f"{FILES_DIR}/c.jsonl.gz",
+    ]
     for name in ("a.jsonl", "b.csv", "c.jsonl.gz"):
         assert (artifact.path / FILES_DIR / name).read_bytes() == contents[name]  # byte for byte
     assert [name for name, _ in snapshot_files(artifact)] == ["a.jsonl", "b.csv", "c.jsonl.gz"]
@@ -79,7 +83,9 @@ def test_sources_list_every_landed_file(store: ArtifactStore, home: Path, tiny_c
     assert artifact.manifest["inputs"] == []
 
 
-def test_same_files_are_reused_and_a_changed_byte_is_a_new_snapshot(store: ArtifactStore, home: Path, tiny_config) -> None:
+def test_same_files_are_reused_and_a_changed_byte_is_a_new_snapshot(
+    store: ArtifactStore, home: Path, tiny_config
+) -> None:
     path = land(home, PARTITION, "a.jsonl", jsonl(DOC))
     first = build_raw_documents(store, tiny_config, PARTITION)
     again = build_raw_documents(store, tiny_config, PARTITION)
@@ -134,7 +140,9 @@ def test_partition_keys_must_be_dates(home: Path, bad: str) -> None:
 # ---- hostile landing folders ----------------------------------------------------------------
 
 
-def test_symlinks_and_special_files_are_never_followed(store: ArtifactStore, home: Path, tmp_path: Path, tiny_config) -> None:
+def test_symlinks_and_special_files_are_never_followed(
+    store: ArtifactStore, home: Path, tmp_path: Path, tiny_config
+) -> None:
     land(home, PARTITION, "a.jsonl", jsonl(DOC))
     folder = home / "raw" / PARTITION
     secret = tmp_path / "elsewhere" / "secret.jsonl"
@@ -205,5 +213,8 @@ def test_readable_names_are_unambiguous() -> None:
 
 
 def test_snapshot_names_stay_unique() -> None:
-    landed = [Path(os.fsdecode(name)) for name in (b"a\xe9.csv", b"a\xe9\xe9.csv", b"a%E9.csv", b"a%E9~2.csv", b"b\xe9.csv.gz")]
+    landed = [
+        Path(os.fsdecode(name))
+        for name in (b"a\xe9.csv", b"a\xe9\xe9.csv", b"a%E9.csv", b"a%E9~2.csv", b"b\xe9.csv.gz")
+    ]
     assert snapshot_names(landed) == ["a%E9~3.csv", "a%E9%E9.csv", "a%E9.csv", "a%E9~2.csv", "b%E9.csv.gz"]

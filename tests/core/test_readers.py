@@ -26,7 +26,9 @@ ZH2 = "编码问题是老系统迁移时最常见的坑。"
 ZH3 = "隔离区保存每一条被拒绝的记录和拒绝原因。"
 
 
-def csv_bytes(rows: list[list[str]], encoding: str = "utf-8", header: tuple[str, ...] = ("id", "text", "lang")) -> bytes:
+def csv_bytes(
+    rows: list[list[str]], encoding: str = "utf-8", header: tuple[str, ...] = ("id", "text", "lang")
+) -> bytes:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(header)
@@ -89,7 +91,11 @@ def test_utf16_csv_with_bom(tmp_path: Path, variant: str) -> None:
 
 # ---- GBK --------------------------------------------------------------------------------
 def test_gbk_line_inside_utf8_jsonl_is_recovered(tmp_path: Path) -> None:
-    data = json_line({"id": "u1", "text": EN}) + json_line({"id": "g1", "text": ZH, "lang": "zh"}, "gbk") + json_line({"id": "u2", "text": ZH2})
+    data = (
+        json_line({"id": "u1", "text": EN})
+        + json_line({"id": "g1", "text": ZH, "lang": "zh"}, "gbk")
+        + json_line({"id": "u2", "text": ZH2})
+    )
     assert decode_unit(json_line({"id": "g1", "text": ZH}, "gbk")[:-1]).encoding == "gb18030"
     result = clean_files(tmp_path, {"mixed.jsonl": data}, CONFIG)
     assert result.reasons == {}
@@ -207,7 +213,9 @@ def test_parquet_binary_cells_mixing_encodings_are_decoded_per_cell(tmp_path: Pa
     table = pa.table(
         {
             "id": pa.array([b"u1", b"g1", b"x1"], pa.large_binary()),
-            "text": pa.array([(ZH + " x").encode("utf-8"), ZH2.encode("gbk"), b"\xff\xfe not text at all"], pa.large_binary()),
+            "text": pa.array(
+                [(ZH + " x").encode("utf-8"), ZH2.encode("gbk"), b"\xff\xfe not text at all"], pa.large_binary()
+            ),
         }
     )
     result = clean_files(tmp_path, {"mixed.parquet": parquet_bytes(table)}, CONFIG)
@@ -219,7 +227,9 @@ def test_parquet_binary_cells_mixing_encodings_are_decoded_per_cell(tmp_path: Pa
 def test_parquet_wrong_types_and_missing_columns(tmp_path: Path) -> None:
     numeric_id = pa.table({"id": pa.array([1, 2], pa.int64()), "text": [EN, ZH]})
     no_text = pa.table({"id": ["a"], "body": [EN]})
-    result = clean_files(tmp_path, {"a.parquet": parquet_bytes(numeric_id), "b.parquet": parquet_bytes(no_text)}, CONFIG)
+    result = clean_files(
+        tmp_path, {"a.parquet": parquet_bytes(numeric_id), "b.parquet": parquet_bytes(no_text)}, CONFIG
+    )
     assert result.metrics["rows_in"] == 3 and result.metrics["rows_clean"] == 0
     assert result.reasons == {"wrong_type": 2, "missing_field": 1}
     assert [(row["source_file"], row["line"], row["reason"]) for row in result.quarantine] == [
@@ -371,7 +381,11 @@ def test_a_csv_that_never_gets_past_its_header_is_not_lost_silently(tmp_path: Pa
 
 def test_a_footer_promising_more_rows_than_its_row_groups_hold(tmp_path: Path) -> None:
     sink = pa.BufferOutputStream()
-    pq.write_table(pa.table({"id": [f"i{i}" for i in range(200)], "text": [f"text number {i} here" for i in range(200)]}), sink, row_group_size=100)
+    pq.write_table(
+        pa.table({"id": [f"i{i}" for i in range(200)], "text": [f"text number {i} here" for i in range(200)]}),
+        sink,
+        row_group_size=100,
+    )
     data = sink.getvalue().to_pybytes()
     footer_length = int.from_bytes(data[-8:-4], "little")
     start = len(data) - 8 - footer_length

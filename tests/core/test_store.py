@@ -20,14 +20,29 @@ from aieng_core.store.artifacts import MANIFEST
 
 PARTITION = "2026-01-01"
 MANIFEST_KEYS = {
-    "kind", "id", "created_at", "code_version", "config_sha256", "git_commit",
-    "dagster_run_id", "inputs", "files", "metrics", "content_sha256",
+    "kind",
+    "id",
+    "created_at",
+    "code_version",
+    "config_sha256",
+    "git_commit",
+    "dagster_run_id",
+    "inputs",
+    "files",
+    "metrics",
+    "content_sha256",
 }
 
 
 def spec(**changes) -> ArtifactSpec:
-    fields = dict(kind="thing", code_version="thing-v1", config_sha256="c" * 64, partition=PARTITION,
-                  inputs=(("upstream", "up-1"),), recipe={"sources": ["a"]})
+    fields = dict(
+        kind="thing",
+        code_version="thing-v1",
+        config_sha256="c" * 64,
+        partition=PARTITION,
+        inputs=(("upstream", "up-1"),),
+        recipe={"sources": ["a"]},
+    )
     fields.update(changes)
     return ArtifactSpec(**fields)
 

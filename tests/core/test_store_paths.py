@@ -15,7 +15,23 @@ from aieng_core.store.artifacts import MANIFEST, InvalidArtifactName
 
 PARTITION = "2026-01-01"
 # None is missing here: as a partition it means "unpartitioned".
-BAD_NAMES = ["", ".", "..", "a..b", "../x", "x/y", ".hidden", "-dash", "_under", "a b", "a\\b", "a\x00b", "café", "x" * 129, 42]
+BAD_NAMES = [
+    "",
+    ".",
+    "..",
+    "a..b",
+    "../x",
+    "x/y",
+    ".hidden",
+    "-dash",
+    "_under",
+    "a b",
+    "a\\b",
+    "a\x00b",
+    "café",
+    "x" * 129,
+    42,
+]
 
 
 def spec(**changes) -> ArtifactSpec:
@@ -90,7 +106,9 @@ def test_listings_skip_names_that_are_not_valid(store: ArtifactStore) -> None:
         ("data.bin\x00", "NUL"),
     ],
 )
-def test_verify_reports_listed_names_that_leave_the_artifact(store: ArtifactStore, tmp_path: Path, key: str, why: str) -> None:
+def test_verify_reports_listed_names_that_leave_the_artifact(
+    store: ArtifactStore, tmp_path: Path, key: str, why: str
+) -> None:
     artifact = store.build(spec(), produce)
     outside = tmp_path / "outside.bin"
     outside.write_bytes(b"outside the store\n")
@@ -135,11 +153,15 @@ def test_verify_reports_an_artifact_directory_that_is_a_symlink(store: ArtifactS
     moved = tmp_path / "moved"
     os.rename(artifact.path, moved)
     artifact.path.symlink_to(moved, target_is_directory=True)
-    assert store.verify(store.get("thing", artifact.id)) == [f"{artifact.path}: the artifact directory is a symbolic link"]
+    assert store.verify(store.get("thing", artifact.id)) == [
+        f"{artifact.path}: the artifact directory is a symbolic link"
+    ]
 
 
 @pytest.mark.parametrize("make", ["file link", "dir link", "fifo"])
-def test_build_refuses_a_builder_that_writes_a_link_or_a_special_file(store: ArtifactStore, tmp_path: Path, make: str) -> None:
+def test_build_refuses_a_builder_that_writes_a_link_or_a_special_file(
+    store: ArtifactStore, tmp_path: Path, make: str
+) -> None:
     target = tmp_path / "target"
     target.mkdir()
 

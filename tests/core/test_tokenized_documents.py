@@ -26,7 +26,9 @@ def test_rows_match_clean_rows_and_end_with_eos(built_demo: BuiltHome, partition
     tokenizer = load_tokenizer(built_demo.tokenizer.path)
     eos = tokenizer.token_to_id(built_demo.config.tokenizer.eos_token)
     pad = tokenizer.token_to_id(built_demo.config.tokenizer.pad_token)
-    assert len(rows) == len(clean_rows) == built_demo.clean[partition].metrics["rows_clean"] == tokenized.metrics["rows"]
+    assert (
+        len(rows) == len(clean_rows) == built_demo.clean[partition].metrics["rows_clean"] == tokenized.metrics["rows"]
+    )
     assert [r["id"] for r in rows] == [r["id"] for r in clean_rows]
     for row in rows:
         assert row["input_ids"][-1] == eos
@@ -66,7 +68,9 @@ def test_rebuild_is_reused(copy_home, built_demo: BuiltHome) -> None:
     assert again.reused and again.id == built_demo.tokenized["2026-01-01"].id
 
 
-def test_needs_clean_documents_and_a_tokenizer(store: ArtifactStore, tiny_config, copy_home, built_demo: BuiltHome) -> None:
+def test_needs_clean_documents_and_a_tokenizer(
+    store: ArtifactStore, tiny_config, copy_home, built_demo: BuiltHome
+) -> None:
     with pytest.raises(ArtifactNotFound, match="clean_documents"):
         build_tokenized_documents(store, tiny_config, "2026-01-01")
     copied = copy_home(built_demo)

@@ -33,7 +33,12 @@ NEW_PARTITION = "2026-01-04"
 
 
 def land_sentences(home: Path, partition: str, seed: int, count: int = 40) -> None:
-    land(home, partition, "docs.jsonl", jsonl(*[{"id": f"{partition}-{i}", "text": t} for i, t in enumerate(sentences(count, seed))]))
+    land(
+        home,
+        partition,
+        "docs.jsonl",
+        jsonl(*[{"id": f"{partition}-{i}", "text": t} for i, t in enumerate(sentences(count, seed))]),
+    )
 
 
 def test_artifact_files_and_manifest(built_demo: BuiltHome) -> None:
@@ -44,7 +49,9 @@ def test_artifact_files_and_manifest(built_demo: BuiltHome) -> None:
     assert tokenizer.manifest["inputs"] == [{"kind": CLEAN_KIND, "id": built_demo.clean[p].id} for p in DEMO_PARTITIONS]
     assert tokenizer.metrics["vocab_size"] == built_demo.config.tokenizer.vocab_size == 512
     assert tokenizer.metrics["training_partitions"] == DEMO_PARTITIONS
-    assert tokenizer.metrics["training_chars"] == sum(built_demo.clean[p].metrics["chars_clean"] for p in DEMO_PARTITIONS)
+    assert tokenizer.metrics["training_chars"] == sum(
+        built_demo.clean[p].metrics["chars_clean"] for p in DEMO_PARTITIONS
+    )
     assert built_demo.store.verify(tokenizer) == []
 
 
@@ -143,7 +150,9 @@ def test_pinned_when_a_new_partition_arrives(small_home, home: Path, store: Arti
     assert store.list_ids(KIND) == [first.id]
 
 
-def test_retrain_with_a_new_partition_gives_a_new_tokenizer(small_home, home: Path, store: ArtifactStore, tiny_config) -> None:
+def test_retrain_with_a_new_partition_gives_a_new_tokenizer(
+    small_home, home: Path, store: ArtifactStore, tiny_config
+) -> None:
     first = small_home
     same = build_bpe_tokenizer(store, tiny_config, retrain=True)
     assert same.id == first.id and same.reused  # retraining unchanged inputs finds the same artifact
@@ -193,7 +202,13 @@ def test_capped_stops_after_max_chars() -> None:
 def test_round_trip_report_covers_every_clean_row(built_demo: BuiltHome) -> None:
     report = round_trip_report(built_demo.store, batch_rows=7)
     rows = sum(num_rows(built_demo.clean[p].file(CLEAN_FILE)) for p in DEMO_PARTITIONS)
-    assert report == {"passed": True, "partitions": DEMO_PARTITIONS, "texts_checked": rows, "failures": 0, "failing_ids": []}
+    assert report == {
+        "passed": True,
+        "partitions": DEMO_PARTITIONS,
+        "texts_checked": rows,
+        "failures": 0,
+        "failing_ids": [],
+    }
 
 
 def lowercasing_tokenizer(store: ArtifactStore, texts: list[str]) -> None:
@@ -210,7 +225,9 @@ def lowercasing_tokenizer(store: ArtifactStore, texts: list[str]) -> None:
     store.build(ArtifactSpec(kind=KIND, code_version="lowercasing", config_sha256="0" * 64), produce)
 
 
-def test_round_trip_report_finds_a_failure_far_past_the_first_rows(home: Path, store: ArtifactStore, tiny_config) -> None:
+def test_round_trip_report_finds_a_failure_far_past_the_first_rows(
+    home: Path, store: ArtifactStore, tiny_config
+) -> None:
     texts = [text.lower() for text in sentences(300, seed=4)]
     texts[250] = "Only this one document has Capital letters in it."
     land(home, "2026-01-01", "docs.jsonl", jsonl(*[{"id": f"doc-{i}", "text": t} for i, t in enumerate(texts)]))
@@ -218,7 +235,13 @@ def test_round_trip_report_finds_a_failure_far_past_the_first_rows(home: Path, s
     assert num_rows(clean.file(CLEAN_FILE)) == 300
     lowercasing_tokenizer(store, texts)
     report = round_trip_report(store, batch_rows=64)
-    assert report == {"passed": False, "partitions": ["2026-01-01"], "texts_checked": 300, "failures": 1, "failing_ids": ["2026-01-01/doc-250"]}
+    assert report == {
+        "passed": False,
+        "partitions": ["2026-01-01"],
+        "texts_checked": 300,
+        "failures": 1,
+        "failing_ids": ["2026-01-01/doc-250"],
+    }
 
 
 def test_round_trip_report_with_no_clean_rows_does_not_pass(home: Path, store: ArtifactStore, tiny_config) -> None:

@@ -132,7 +132,9 @@ def test_history_records_the_scheduled_learning_rate(tmp_path: Path) -> None:
 def test_run_to_max_steps_learns_and_accounts_tokens(tmp_path: Path) -> None:
     config = training_config(max_steps=60, eval_every=30, log_every=10, checkpoint_every=100)
     seen: list[tuple[int, dict]] = []
-    outcome = train(MODEL, config, TRAIN_TOKENS, VALIDATION_TOKENS, tmp_path / "work", on_step=lambda s, r: seen.append((s, r)))
+    outcome = train(
+        MODEL, config, TRAIN_TOKENS, VALIDATION_TOKENS, tmp_path / "work", on_step=lambda s, r: seen.append((s, r))
+    )
     assert outcome.stopped_by == "max_steps"
     assert outcome.steps == 60
     assert outcome.resumed_from is None
@@ -229,7 +231,9 @@ def test_killed_run_resumes_from_its_last_checkpoint_bitwise(tmp_path: Path, kil
     assert latest_checkpoint(work) == work / "step-00000008"
 
     steps_after_resume: list[int] = []
-    resumed = train(MODEL, config, TRAIN_TOKENS, VALIDATION_TOKENS, work, on_step=lambda s, r: steps_after_resume.append(s))
+    resumed = train(
+        MODEL, config, TRAIN_TOKENS, VALIDATION_TOKENS, work, on_step=lambda s, r: steps_after_resume.append(s)
+    )
     assert resumed.resumed_from == 8
     assert steps_after_resume == [9, 10, 11, 12]
     assert resumed.steps == 12 and resumed.stopped_by == "max_steps"
@@ -305,7 +309,9 @@ def test_no_pickle_or_torch_load_in_the_library() -> None:
 def test_the_pickle_scan_finds_what_it_looks_for(tmp_path: Path) -> None:
     """The scan above is not vacuous: it flags pickle and torch.load in code, not in prose."""
     sample = tmp_path / "sample.py"
-    sample.write_text('"""No pickle here."""\n# pickle in a comment\nimport pickle\nx = torch.load(p)\n', encoding="utf-8")
+    sample.write_text(
+        '"""No pickle here."""\n# pickle in a comment\nimport pickle\nx = torch.load(p)\n', encoding="utf-8"
+    )
     names = _code_tokens(sample)
     assert names.count("pickle") == 1
     assert ["torch", ".", "load"] == names[names.index("torch") : names.index("torch") + 3]

@@ -47,7 +47,9 @@ class Env:
 
     def run_ok(self, *args: str) -> subprocess.CompletedProcess[str]:
         result = self.run(*args)
-        assert result.returncode == 0, f"{args} exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+        assert result.returncode == 0, (
+            f"{args} exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+        )
         return result
 
     def materialize(self, *selection_args: str) -> subprocess.CompletedProcess[str]:
@@ -168,7 +170,10 @@ def test_fresh_home_elsewhere_gives_the_same_dataset_version(
     assert second.content_sha256 == first.content_sha256
     # Ids come from recipes (inputs, config, code version), never from paths or times.
     assert set(artifact_snapshot(other.home)) == set(artifact_snapshot(env.home))
-    assert other.store.require_current("bpe_tokenizer").content_sha256 == env.store.require_current("bpe_tokenizer").content_sha256
+    assert (
+        other.store.require_current("bpe_tokenizer").content_sha256
+        == env.store.require_current("bpe_tokenizer").content_sha256
+    )
 
 
 def test_missing_partition_folder_fails_naming_it(pipeline: tuple[Env, subprocess.CompletedProcess[str]]) -> None:
@@ -214,4 +219,6 @@ def test_cli_demo_data_equals_library_demo_data(tmp_path: Path) -> None:
     from_cli, from_library = landed(cli.home), landed(library_home)
     assert set(from_cli) == set(from_library)
     differing = sorted(name for name in from_cli if from_cli[name] != from_library[name])
-    assert differing == [], f"demo data landed by `aieng demo-data` and by the library in this process differ in {differing}"
+    assert differing == [], (
+        f"demo data landed by `aieng demo-data` and by the library in this process differ in {differing}"
+    )

@@ -55,13 +55,25 @@ def _materialize(root: Path) -> Run:
     home, env = environment.home, environment.vars
     land_cases(home, PARTITION, CASES, extras=True)
     log = root / "materialize.log"
-    command = [DAGSTER, "asset", "materialize", "-m", "orchestration.definitions", "--select", "raw_documents,clean_documents", "--partition", PARTITION]
+    command = [
+        DAGSTER,
+        "asset",
+        "materialize",
+        "-m",
+        "orchestration.definitions",
+        "--select",
+        "raw_documents,clean_documents",
+        "--partition",
+        PARTITION,
+    ]
     timed_out = threading.Event()
     with open(log, "wb") as out:
         # Output to a file, not a pipe, so nothing needs draining and os.wait4 can reap the
         # child itself and return its resource usage. Its own session, so a timeout kills
         # every process it started.
-        process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            command, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
         def kill() -> None:
             timed_out.set()
@@ -83,7 +95,17 @@ def _materialize(root: Path) -> Run:
         quarantine = pq.read_table(artifact / "quarantine.parquet").to_pylist()
         metrics = json.loads((artifact / "manifest.json").read_text())["metrics"]
         raw_manifest = json.loads((_current_artifact(home, "raw_documents") / "manifest.json").read_text())
-    return Run(home, process.returncode, timed_out.is_set(), output, usage.ru_maxrss * 1024, clean, quarantine, metrics, raw_manifest)
+    return Run(
+        home,
+        process.returncode,
+        timed_out.is_set(),
+        output,
+        usage.ru_maxrss * 1024,
+        clean,
+        quarantine,
+        metrics,
+        raw_manifest,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +170,9 @@ def test_each_landed_file_ends_as_its_case_says(run: Run, case: Case) -> None:
     assert texts == case.expected_clean, case.note
     assert sum(len(clean.get(n, [])) + len(quarantine.get(n, [])) for n in case.files) == case.expected_records
     if case.quarantine_lines is not None:
-        got = sorted((row["source_file"], row["line"], row["reason"]) for name in case.files for row in quarantine.get(name, []))
+        got = sorted(
+            (row["source_file"], row["line"], row["reason"]) for name in case.files for row in quarantine.get(name, [])
+        )
         assert got == list(case.quarantine_lines)
 
 
@@ -159,9 +183,10 @@ def test_per_file_counts_in_the_metrics(run: Run) -> None:
     wrong = {}
     for case in CASES:
         counted = {name: files.get(name) for name in case.files}
-        if any(entry is None or entry["expected"] != entry["read"] for entry in counted.values()) or sum(
-            entry["expected"] for entry in counted.values()
-        ) != case.expected_records:
+        if (
+            any(entry is None or entry["expected"] != entry["read"] for entry in counted.values())
+            or sum(entry["expected"] for entry in counted.values()) != case.expected_records
+        ):
             wrong[case.kind] = (case.expected_records, counted)
     assert wrong == {}
     assert len(files) == sum(len(case.files) for case in CASES) + 1  # the odd-named file too
@@ -193,5 +218,7 @@ def test_skipped_entries_are_listed_and_never_read(run: Run) -> None:
 
 def test_peak_memory_is_bounded(run: Run) -> None:
     _succeeded(run)
-    print(f"\npeak RSS of `dagster asset materialize`: {run.peak_rss / (1 << 20):,.0f} MiB (limit {PEAK_RSS_LIMIT / (1 << 20):,.0f} MiB)")
+    print(
+        f"\npeak RSS of `dagster asset materialize`: {run.peak_rss / (1 << 20):,.0f} MiB (limit {PEAK_RSS_LIMIT / (1 << 20):,.0f} MiB)"
+    )
     assert run.peak_rss < PEAK_RSS_LIMIT

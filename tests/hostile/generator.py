@@ -54,9 +54,22 @@ TOO_LONG = "too_long"
 DUPLICATE_ID = "duplicate_id"
 DUPLICATE_TEXT = "duplicate_text"
 REASONS = (
-    MALFORMED_JSON, MALFORMED_ROW, UNDECODABLE, AMBIGUOUS_ENCODING, MISSING_FIELD, WRONG_TYPE, DUPLICATE_FIELD,
-    INVALID_ID, RECORD_TOO_LARGE, UNREADABLE, EMPTY_TEXT, EXCESSIVE_COMBINING_MARKS, TOO_SHORT, TOO_LONG,
-    DUPLICATE_ID, DUPLICATE_TEXT,
+    MALFORMED_JSON,
+    MALFORMED_ROW,
+    UNDECODABLE,
+    AMBIGUOUS_ENCODING,
+    MISSING_FIELD,
+    WRONG_TYPE,
+    DUPLICATE_FIELD,
+    INVALID_ID,
+    RECORD_TOO_LARGE,
+    UNREADABLE,
+    EMPTY_TEXT,
+    EXCESSIVE_COMBINING_MARKS,
+    TOO_SHORT,
+    TOO_LONG,
+    DUPLICATE_ID,
+    DUPLICATE_TEXT,
 )
 
 # What the spec's decoding rule makes of one unit (see spec_verdict).
@@ -83,7 +96,9 @@ class Case:
     def __post_init__(self) -> None:
         quarantined = sum(self.expected_reasons.values())
         if self.expected_records != quarantined + len(self.expected_clean):
-            raise ValueError(f"{self.kind}: {self.expected_records} records != {quarantined} quarantined + {len(self.expected_clean)} clean")
+            raise ValueError(
+                f"{self.kind}: {self.expected_records} records != {quarantined} quarantined + {len(self.expected_clean)} clean"
+            )
         if any(count <= 0 for count in self.expected_reasons.values()):
             raise ValueError(f"{self.kind}: reason counts must be positive")
         if self.quarantine_lines is not None:
@@ -177,7 +192,9 @@ class Lines:
     def next_line(self) -> int:
         return sum(line.count(b"\n") + 1 for line in self.lines) + 1
 
-    def add(self, raw: bytes, reason: str | None = None, clean: tuple[str, str] | None = None, unit: str | None = None) -> int:
+    def add(
+        self, raw: bytes, reason: str | None = None, clean: tuple[str, str] | None = None, unit: str | None = None
+    ) -> int:
         """One record of one or more physical lines (raw holds no final newline)."""
         if (reason is None) == (clean is None):
             raise ValueError("a record is either quarantined with a reason or clean, not both or neither")
@@ -202,7 +219,10 @@ class Lines:
     def good(self, count: int = 1) -> None:
         for _ in range(count):
             doc_id = self.next_id()
-            self.add(dumps({"id": doc_id, "text": good_text(self.kind, self.count)}), clean=(doc_id, good_text(self.kind, self.count)))
+            self.add(
+                dumps({"id": doc_id, "text": good_text(self.kind, self.count)}),
+                clean=(doc_id, good_text(self.kind, self.count)),
+            )
 
     def record(self, record: dict[str, Any], reason: str | None = None, clean_text: str | None = None) -> None:
         raw = dumps(record)
@@ -299,24 +319,77 @@ def _encoding_cases() -> list[Case]:
     def line(kind: str, text: bytes) -> bytes:
         return b'{"id": "' + kind.encode() + b'-x", "text": "' + text + b'"}'
 
-    out.append(one_bad_line("latin1_zurich", line("latin1_zurich", "Grüezi from Zürich, latin1_zurich".encode("latin-1")), AMBIGUOUS_ENCODING, AMBIGUOUS_ENCODING))
-    out.append(one_bad_line("cp1252_mueller", line("cp1252_mueller", "Herr Müller signs cp1252_mueller".encode("cp1252")), AMBIGUOUS_ENCODING, AMBIGUOUS_ENCODING))
+    out.append(
+        one_bad_line(
+            "latin1_zurich",
+            line("latin1_zurich", "Grüezi from Zürich, latin1_zurich".encode("latin-1")),
+            AMBIGUOUS_ENCODING,
+            AMBIGUOUS_ENCODING,
+        )
+    )
+    out.append(
+        one_bad_line(
+            "cp1252_mueller",
+            line("cp1252_mueller", "Herr Müller signs cp1252_mueller".encode("cp1252")),
+            AMBIGUOUS_ENCODING,
+            AMBIGUOUS_ENCODING,
+        )
+    )
     # A cp1252 closing quote (0x94) before a space is not even GB18030: undecodable, not ambiguous.
-    out.append(one_bad_line("cp1252_smart_quotes", line("cp1252_smart_quotes", "He said “hello” in cp1252_smart_quotes".encode("cp1252")), UNDECODABLE, UNDECODABLE))
-    out.append(one_bad_line("cp1252_euro", line("cp1252_euro", "It costs 5 € in cp1252_euro".encode("cp1252")), UNDECODABLE, UNDECODABLE))
-    out.append(one_bad_line("cesu8_emoji", line("cesu8_emoji", b"an emoji \xed\xa0\xbd\xed\xb8\x80 in CESU-8, cesu8_emoji"), AMBIGUOUS_ENCODING, AMBIGUOUS_ENCODING))
-    out.append(one_bad_line("overlong_nul", line("overlong_nul", b"an overlong \xc0\x80 NUL, overlong_nul"), AMBIGUOUS_ENCODING, AMBIGUOUS_ENCODING))
-    out.append(one_bad_line("overlong_slash", line("overlong_slash", b"path \xe0\x80\xafetc/passwd, overlong_slash"), AMBIGUOUS_ENCODING, AMBIGUOUS_ENCODING))
+    out.append(
+        one_bad_line(
+            "cp1252_smart_quotes",
+            line("cp1252_smart_quotes", "He said “hello” in cp1252_smart_quotes".encode("cp1252")),
+            UNDECODABLE,
+            UNDECODABLE,
+        )
+    )
+    out.append(
+        one_bad_line(
+            "cp1252_euro", line("cp1252_euro", "It costs 5 € in cp1252_euro".encode("cp1252")), UNDECODABLE, UNDECODABLE
+        )
+    )
+    out.append(
+        one_bad_line(
+            "cesu8_emoji",
+            line("cesu8_emoji", b"an emoji \xed\xa0\xbd\xed\xb8\x80 in CESU-8, cesu8_emoji"),
+            AMBIGUOUS_ENCODING,
+            AMBIGUOUS_ENCODING,
+        )
+    )
+    out.append(
+        one_bad_line(
+            "overlong_nul",
+            line("overlong_nul", b"an overlong \xc0\x80 NUL, overlong_nul"),
+            AMBIGUOUS_ENCODING,
+            AMBIGUOUS_ENCODING,
+        )
+    )
+    out.append(
+        one_bad_line(
+            "overlong_slash",
+            line("overlong_slash", b"path \xe0\x80\xafetc/passwd, overlong_slash"),
+            AMBIGUOUS_ENCODING,
+            AMBIGUOUS_ENCODING,
+        )
+    )
     out.append(
         one_bad_line(
             "overlong_slash_at_quote",
             line("overlong_slash_at_quote", b"ends in an overlong slash \xe0\x80\xaf"),
             UNDECODABLE,
             UNDECODABLE,
-            note='0xAF before the closing \'"\' is no GB18030 sequence, so this spec example is undecodable in context',
+            note="0xAF before the closing '\"' is no GB18030 sequence, so this spec example is undecodable in context",
         )
     )
-    out.append(one_bad_line("invalid_bytes", line("invalid_bytes", b"bytes \xff\xfe\xfd that are nothing, invalid_bytes"), UNDECODABLE, UNDECODABLE))
+    out.append(
+        one_bad_line(
+            "invalid_bytes",
+            line("invalid_bytes", b"bytes \xff\xfe\xfd that are nothing, invalid_bytes"),
+            UNDECODABLE,
+            UNDECODABLE,
+        )
+    )
     out.append(
         one_bad_line(
             "gb18030_four_byte",
@@ -339,7 +412,9 @@ def _encoding_cases() -> list[Case]:
     # GBK that is real Chinese stays clean, alone and beside UTF-8 lines.
     kind = "gbk_real_chinese"
     f = Lines(kind)
-    for number, text in enumerate(["数据管道的每一行都要清洗干净", "中文文本必须保持原样不变", "朱镕基总理讲话数据管道"], 1):
+    for number, text in enumerate(
+        ["数据管道的每一行都要清洗干净", "中文文本必须保持原样不变", "朱镕基总理讲话数据管道"], 1
+    ):
         doc_id = f"{kind}-{number}"
         text = f"{text} {kind}"
         f.add(dumps({"id": doc_id, "text": text}).decode().encode("gbk"), clean=(doc_id, text), unit=AS_GB18030)
@@ -347,7 +422,9 @@ def _encoding_cases() -> list[Case]:
 
     kind = "utf8_chinese"
     f = Lines(kind)
-    for number, text in enumerate(["数据管道的每一行都要清洗干净", "日本語のテキストも大丈夫です", "한국어 텍스트도 괜찮습니다"], 1):
+    for number, text in enumerate(
+        ["数据管道的每一行都要清洗干净", "日本語のテキストも大丈夫です", "한국어 텍스트도 괜찮습니다"], 1
+    ):
         f.record({"id": f"{kind}-{number}", "text": f"{text} {kind}"})
     out.append(case_of(kind, f))
 
@@ -356,7 +433,11 @@ def _encoding_cases() -> list[Case]:
     for number in range(1, 9):
         doc_id, text = f"{kind}-{number}", f"第{number}行的中文数据清洗文本 {kind}"
         encoding = "gbk" if number % 2 else "utf-8"
-        f.add(dumps({"id": doc_id, "text": text}).decode().encode(encoding), clean=(doc_id, text), unit=AS_GB18030 if encoding == "gbk" else AS_UTF8)
+        f.add(
+            dumps({"id": doc_id, "text": text}).decode().encode(encoding),
+            clean=(doc_id, text),
+            unit=AS_GB18030 if encoding == "gbk" else AS_UTF8,
+        )
     out.append(case_of(kind, f))
     return out
 
@@ -364,8 +445,16 @@ def _encoding_cases() -> list[Case]:
 # What cleaning makes of each line-breaking or separating control character (the documented
 # rule of aieng_core/data/cleaning.py: line breaks become "\n", the separators a space).
 BECOMES = {
-    "\r": "\n", "\x0b": "\n", "\x0c": "\n", "\x85": "\n", "\u2028": "\n", "\u2029": "\n",
-    "\x1c": " ", "\x1d": " ", "\x1e": " ", "\x1f": " ",
+    "\r": "\n",
+    "\x0b": "\n",
+    "\x0c": "\n",
+    "\x85": "\n",
+    "\u2028": "\n",
+    "\u2029": "\n",
+    "\x1c": " ",
+    "\x1d": " ",
+    "\x1e": " ",
+    "\x1f": " ",
 }
 SEPARATOR_KINDS = {
     "ws_lone_cr": "\r",
@@ -448,7 +537,10 @@ def _wide_cases() -> list[Case]:
 
     kind = "utf16le_no_bom"
     f = Lines(kind)
-    data = b"".join(dumps({"id": f"{kind}-{n}", "text": text_of(kind, n)}).decode().encode("utf-16-le") + "\n".encode("utf-16-le") for n in (1, 2, 3))
+    data = b"".join(
+        dumps({"id": f"{kind}-{n}", "text": text_of(kind, n)}).decode().encode("utf-16-le") + "\n".encode("utf-16-le")
+        for n in (1, 2, 3)
+    )
     # Without a BOM the file is split on b"\n": 3 lines of UTF-8-valid bytes full of NULs
     # (the 2nd and 3rd starting with the NUL half of the previous newline) and a last line
     # b"\x00". None is blank (NUL is not ASCII whitespace) and none is JSON.
@@ -496,13 +588,18 @@ def _text_cases() -> list[Case]:
     # Line-breaking and separating controls between two words: they separate, never glue.
     for kind, char in SEPARATOR_KINDS.items():
         f = Lines(kind)
-        f.record({"id": f"{kind}-1", "text": f"{kind} alpha{char}beta words"}, clean_text=f"{kind} alpha{BECOMES[char]}beta words")
+        f.record(
+            {"id": f"{kind}-1", "text": f"{kind} alpha{char}beta words"},
+            clean_text=f"{kind} alpha{BECOMES[char]}beta words",
+        )
         second = f"{kind}{char}{char}second{char} \t{char}record here"
         if BECOMES[char] == "\n":  # two breaks (with only whitespace between) are one paragraph break
             f.record({"id": f"{kind}-2", "text": second}, clean_text=f"{kind}\n\nsecond\n\nrecord here")
         else:
             f.record({"id": f"{kind}-2", "text": second}, clean_text=f"{kind} second record here")
-        out.append(case_of(kind, f, note="line breaks become \\n, the \\x1c-\\x1f separators a space: words never glue"))
+        out.append(
+            case_of(kind, f, note="line breaks become \\n, the \\x1c-\\x1f separators a space: words never glue")
+        )
 
     kind = "ws_crlf_in_text"
     f = Lines(kind)
@@ -555,7 +652,10 @@ def _text_cases() -> list[Case]:
     f.add(b'{"id": "lone_surrogates-1", "text": "a lone high \\ud800 surrogate escape"}', UNDECODABLE)
     f.add(b'{"id": "lone_surrogates-2", "text": "a lone low \\udc00 surrogate escape"}', UNDECODABLE)
     f.add(b'{"id": "lone_surrogates-\\ud800", "text": "the id holds a lone surrogate escape"}', UNDECODABLE)
-    f.add(b'{"id": "lone_surrogates-4", "text": "a paired escape \\ud83d\\ude00 is an emoji"}', clean=("lone_surrogates-4", "a paired escape \U0001f600 is an emoji"))
+    f.add(
+        b'{"id": "lone_surrogates-4", "text": "a paired escape \\ud83d\\ude00 is an emoji"}',
+        clean=("lone_surrogates-4", "a paired escape \U0001f600 is an emoji"),
+    )
     out.append(case_of(kind, f))
 
     kind = "combining_marks_160k"
@@ -576,7 +676,10 @@ def _text_cases() -> list[Case]:
     # U+0332 has no precomposed form with x, so NFC leaves the run length unchanged.
     at_limit = f"{kind} x" + "\u0332" * STREAM_SAFE_MARKS + " at the limit"
     f.record({"id": f"{kind}-1", "text": at_limit})
-    f.record({"id": f"{kind}-2", "text": f"{kind} x" + "\u0332" * (STREAM_SAFE_MARKS + 1) + " over it"}, EXCESSIVE_COMBINING_MARKS)
+    f.record(
+        {"id": f"{kind}-2", "text": f"{kind} x" + "\u0332" * (STREAM_SAFE_MARKS + 1) + " over it"},
+        EXCESSIVE_COMBINING_MARKS,
+    )
     out.append(case_of(kind, f))
 
     kind = "length_bounds"
@@ -601,7 +704,9 @@ def _text_cases() -> list[Case]:
     f.record({"id": f"{kind}-1", "text": text_of(kind, 1)})
     f.record({"id": f"{kind}-1", "text": text_of(kind, 2)}, DUPLICATE_ID)
     f.record({"id": f"{kind}-3", "text": text_of(kind, 1)}, DUPLICATE_TEXT)
-    f.record({"id": f"{kind}-4", "text": "  " + text_of(kind, 1).replace(" ", "  ")}, DUPLICATE_TEXT)  # same after cleaning
+    f.record(
+        {"id": f"{kind}-4", "text": "  " + text_of(kind, 1).replace(" ", "  ")}, DUPLICATE_TEXT
+    )  # same after cleaning
     out.append(case_of(kind, f))
 
     kind = "duplicates_across_files"
@@ -620,7 +725,15 @@ def _text_cases() -> list[Case]:
     f.record({"id": 4, "text": text_of(kind, 4)}, WRONG_TYPE)
     f.record({"id": f"{kind}-5", "text": ["a", "list"]}, WRONG_TYPE)
     f.record({"id": f"{kind}-6", "text": text_of(kind, 6), "source": 6}, WRONG_TYPE)
-    f.record({"id": f"{kind}-7", "text": text_of(kind, 7), "source": "web", "lang": "en", "created_at": "2026-01-01T00:00:00Z"})
+    f.record(
+        {
+            "id": f"{kind}-7",
+            "text": text_of(kind, 7),
+            "source": "web",
+            "lang": "en",
+            "created_at": "2026-01-01T00:00:00Z",
+        }
+    )
     out.append(case_of(kind, f))
     return out
 
@@ -635,19 +748,32 @@ def _json_cases() -> list[Case]:
     f.add(b'{"id": "' + k + b'-c", "text": "the first text here", "text": "the second text here"}', DUPLICATE_FIELD)
     f.add(b'{"id": "' + k + b'-d", "text": "a text with two sources", "source": "a", "source": "b"}', DUPLICATE_FIELD)
     f.add(b'{"id": "' + k + b'-e", "text": "a text with two langs", "lang": "en", "lang": "en"}', DUPLICATE_FIELD)
-    f.add(b'{"id": "' + k + b'-f", "text": "a text with two times", "created_at": null, "created_at": "2026-01-01"}', DUPLICATE_FIELD)
-    f.add(b'{"id": "' + k + b'-g", "\\u0069d": "' + k + b'-h", "text": "an escaped key spells id again"}', DUPLICATE_FIELD)
+    f.add(
+        b'{"id": "' + k + b'-f", "text": "a text with two times", "created_at": null, "created_at": "2026-01-01"}',
+        DUPLICATE_FIELD,
+    )
+    f.add(
+        b'{"id": "' + k + b'-g", "\\u0069d": "' + k + b'-h", "text": "an escaped key spells id again"}', DUPLICATE_FIELD
+    )
     out.append(case_of(kind, f, note="a key written with an escape is the same key once decoded"))
 
     kind = "repeated_ignored_keys"
     f = Lines(kind)
     k = kind.encode()
-    f.add(b'{"id": "' + k + b'-1", "text": "ignored key twice at top level here", "extra": 1, "extra": 2}', clean=(f"{kind}-1", "ignored key twice at top level here"))
     f.add(
-        b'{"id": "' + k + b'-2", "text": "nested repeated contract names here", "meta": {"id": 1, "id": 2, "text": "a", "text": "b"}}',
+        b'{"id": "' + k + b'-1", "text": "ignored key twice at top level here", "extra": 1, "extra": 2}',
+        clean=(f"{kind}-1", "ignored key twice at top level here"),
+    )
+    f.add(
+        b'{"id": "'
+        + k
+        + b'-2", "text": "nested repeated contract names here", "meta": {"id": 1, "id": 2, "text": "a", "text": "b"}}',
         clean=(f"{kind}-2", "nested repeated contract names here"),
     )
-    f.add(b'{"\\u0074ext": "a text under an escaped key here", "id": "' + k + b'-3"}', clean=(f"{kind}-3", "a text under an escaped key here"))
+    f.add(
+        b'{"\\u0074ext": "a text under an escaped key here", "id": "' + k + b'-3"}',
+        clean=(f"{kind}-3", "a text under an escaped key here"),
+    )
     out.append(case_of(kind, f))
 
     kind = "deep_nesting"
@@ -660,20 +786,54 @@ def _json_cases() -> list[Case]:
 
     kind = "deep_nesting_ignored_field"
     f = Lines(kind)
-    f.add(b'{"id": "' + kind.encode() + b'-1", "text": "deep value in an ignored field", "deep": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", MALFORMED_JSON)
-    f.add(b'{"deep": ' + b'{"a": ' * 50_000 + b"0" + b"}" * 50_000 + b', "text": "deep object before the fields", "id": "' + kind.encode() + b'-2"}', MALFORMED_JSON)
     f.add(
-        b'{"id": "' + kind.encode() + b'-3", "text": "a 200-deep value in an ignored field", "deep": ' + b"[" * 200 + b"]" * 200 + b"}",
+        b'{"id": "'
+        + kind.encode()
+        + b'-1", "text": "deep value in an ignored field", "deep": '
+        + b"[" * 100_000
+        + b"]" * 100_000
+        + b"}",
+        MALFORMED_JSON,
+    )
+    f.add(
+        b'{"deep": '
+        + b'{"a": ' * 50_000
+        + b"0"
+        + b"}" * 50_000
+        + b', "text": "deep object before the fields", "id": "'
+        + kind.encode()
+        + b'-2"}',
+        MALFORMED_JSON,
+    )
+    f.add(
+        b'{"id": "'
+        + kind.encode()
+        + b'-3", "text": "a 200-deep value in an ignored field", "deep": '
+        + b"[" * 200
+        + b"]" * 200
+        + b"}",
         clean=(f"{kind}-3", "a 200-deep value in an ignored field"),
     )
     f.good()
-    out.append(case_of(kind, f, note="too deep to parse is malformed_json even in an ignored field; a parseable depth never matters"))
+    out.append(
+        case_of(
+            kind,
+            f,
+            note="too deep to parse is malformed_json even in an ignored field; a parseable depth never matters",
+        )
+    )
 
     big = b"9" * 5000
     kind = "huge_number_ignored"
     f = Lines(kind)
-    f.add(b'{"id": "' + kind.encode() + b'-1", "text": "a 5,000-digit number sits beside me", "n": ' + big + b"}", clean=(f"{kind}-1", "a 5,000-digit number sits beside me"))
-    f.add(b'{"n": -' + big + b'.5e3, "id": "' + kind.encode() + b'-2", "text": "a huge float sits before me here"}', clean=(f"{kind}-2", "a huge float sits before me here"))
+    f.add(
+        b'{"id": "' + kind.encode() + b'-1", "text": "a 5,000-digit number sits beside me", "n": ' + big + b"}",
+        clean=(f"{kind}-1", "a 5,000-digit number sits beside me"),
+    )
+    f.add(
+        b'{"n": -' + big + b'.5e3, "id": "' + kind.encode() + b'-2", "text": "a huge float sits before me here"}',
+        clean=(f"{kind}-2", "a huge float sits before me here"),
+    )
     out.append(case_of(kind, f))
 
     kind = "huge_number_contract"
@@ -681,7 +841,9 @@ def _json_cases() -> list[Case]:
     f.add(b'{"id": ' + big + b', "text": "my id is a 5,000-digit number"}', WRONG_TYPE)
     f.add(b'{"id": "' + kind.encode() + b'-2", "text": ' + big + b"}", WRONG_TYPE)
     f.good()
-    out.append(case_of(kind, f, note="Python's int-string limit (4,300 digits) must not turn these into malformed_json"))
+    out.append(
+        case_of(kind, f, note="Python's int-string limit (4,300 digits) must not turn these into malformed_json")
+    )
 
     kind = "not_an_object"
     f = Lines(kind)
@@ -693,10 +855,19 @@ def _json_cases() -> list[Case]:
     kind = "nan_and_infinity"
     f = Lines(kind)
     k = kind.encode()
-    f.add(b'{"id": "' + k + b'-1", "text": "a NaN sits in an ignored field", "score": NaN, "w": -Infinity}', clean=(f"{kind}-1", "a NaN sits in an ignored field"))
+    f.add(
+        b'{"id": "' + k + b'-1", "text": "a NaN sits in an ignored field", "score": NaN, "w": -Infinity}',
+        clean=(f"{kind}-1", "a NaN sits in an ignored field"),
+    )
     f.add(b'{"id": "' + k + b'-2", "text": NaN}', WRONG_TYPE)
     f.add(b'{"id": Infinity, "text": "my id is Infinity, a float"}', WRONG_TYPE)
-    out.append(case_of(kind, f, note="json.loads accepts NaN/Infinity, so they are numbers: ignored, or wrong_type in a contract field"))
+    out.append(
+        case_of(
+            kind,
+            f,
+            note="json.loads accepts NaN/Infinity, so they are numbers: ignored, or wrong_type in a contract field",
+        )
+    )
 
     kind = "malformed_json_variety"
     f = Lines(kind)
@@ -737,7 +908,11 @@ def _json_cases() -> list[Case]:
     head = b'{"id": "' + kind.encode() + b'-ok", "text": "fits under the record limit", "pad": "'
     f.add(head + b"p" * (under - len(head) - 2) + b'"}', clean=(f"{kind}-ok", "fits under the record limit"))
     f.good()
-    out.append(case_of(kind, f, note="lines 4 KiB over and 8 KiB under the limit, so whether the newline counts does not matter"))
+    out.append(
+        case_of(
+            kind, f, note="lines 4 KiB over and 8 KiB under the limit, so whether the newline counts does not matter"
+        )
+    )
     return out
 
 
@@ -758,7 +933,16 @@ def _wide_keys_case() -> Case:
             parts += [(b"{", 1), (keys_bytes, 1), (b"," + fields + b"}\n", 1)]
         clean[doc_id] = text
     name = f"{kind}.jsonl.gz"
-    return Case(kind, {name: gz_repeated(parts)}, {}, clean, 64, (), {d: (name, n) for n, d in enumerate(clean, 1)}, note="lines of ~800 KB each")
+    return Case(
+        kind,
+        {name: gz_repeated(parts)},
+        {},
+        clean,
+        64,
+        (),
+        {d: (name, n) for n, d in enumerate(clean, 1)},
+        note="lines of ~800 KB each",
+    )
 
 
 def _csv_cases() -> list[Case]:
@@ -814,8 +998,15 @@ def _csv_cases() -> list[Case]:
 
     kind = "csv_multiline_with_gbk"
     f = csv_file(kind)
-    f.add(f'{kind}-1,"first line\nsecond line\nthird line of one field, {kind}"'.encode(), clean=(f"{kind}-1", f"first line\nsecond line\nthird line of one field, {kind}"))
-    f.add(f"{kind}-2,数据清洗的中文文本内容 {kind}".encode("gbk"), clean=(f"{kind}-2", f"数据清洗的中文文本内容 {kind}"), unit=AS_GB18030)
+    f.add(
+        f'{kind}-1,"first line\nsecond line\nthird line of one field, {kind}"'.encode(),
+        clean=(f"{kind}-1", f"first line\nsecond line\nthird line of one field, {kind}"),
+    )
+    f.add(
+        f"{kind}-2,数据清洗的中文文本内容 {kind}".encode("gbk"),
+        clean=(f"{kind}-2", f"数据清洗的中文文本内容 {kind}"),
+        unit=AS_GB18030,
+    )
     f.add(
         f'{kind}-3,"UTF-8 第一行文本\n'.encode() + f'第二行中文内容 {kind}"'.encode("gbk"),
         clean=(f"{kind}-3", f"UTF-8 第一行文本\n第二行中文内容 {kind}"),
@@ -844,7 +1035,11 @@ def _csv_cases() -> list[Case]:
     kind = "csv_line_encodings"
     f = csv_file(kind)
     f.good_rows()
-    f.add(f"{kind}-gbk,中文数据清洗测试文本 {kind}".encode("gbk"), clean=(f"{kind}-gbk", f"中文数据清洗测试文本 {kind}"), unit=AS_GB18030)
+    f.add(
+        f"{kind}-gbk,中文数据清洗测试文本 {kind}".encode("gbk"),
+        clean=(f"{kind}-gbk", f"中文数据清洗测试文本 {kind}"),
+        unit=AS_GB18030,
+    )
     f.add(f"{kind}-latin,Grüezi from Zürich {kind}".encode("latin-1"), AMBIGUOUS_ENCODING, unit=AMBIGUOUS_ENCODING)
     f.add(f"{kind}-junk,".encode() + b"junk \xff\xfe bytes", UNDECODABLE, unit=UNDECODABLE)
     f.good_rows()
@@ -853,9 +1048,14 @@ def _csv_cases() -> list[Case]:
     kind = "csv_separator_controls"
     f = csv_file(kind)
     for number, char in enumerate(["\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x1f", "\x85", "\u2028", "\u2029"], 1):
-        f.add(f"{kind}-{number},{kind} {number} alpha{char}beta".encode(), clean=(f"{kind}-{number}", f"{kind} {number} alpha{BECOMES[char]}beta"))
+        f.add(
+            f"{kind}-{number},{kind} {number} alpha{char}beta".encode(),
+            clean=(f"{kind}-{number}", f"{kind} {number} alpha{BECOMES[char]}beta"),
+        )
     f.add(f"{kind}-nul,{kind} alpha\x00beta".encode(), clean=(f"{kind}-nul", f"{kind} alphabeta"))
-    out.append(case_of(kind, f, note="none of these splits a CSV line (only b'\\n' does); cleaning maps them as in BECOMES"))
+    out.append(
+        case_of(kind, f, note="none of these splits a CSV line (only b'\\n' does); cleaning maps them as in BECOMES")
+    )
 
     kind = "csv_lone_cr"
     f = csv_file(kind)
@@ -866,7 +1066,10 @@ def _csv_cases() -> list[Case]:
     kind = "csv_quotes_inside"
     f = csv_file(kind)
     f.add(f'{kind}-1,say "hi" now {kind}'.encode(), clean=(f"{kind}-1", f'say "hi" now {kind}'))
-    f.add(f'{kind}-2,"He said ""hi"", then left, {kind}"'.encode(), clean=(f"{kind}-2", f'He said "hi", then left, {kind}'))
+    f.add(
+        f'{kind}-2,"He said ""hi"", then left, {kind}"'.encode(),
+        clean=(f"{kind}-2", f'He said "hi", then left, {kind}'),
+    )
     out.append(case_of(kind, f))
 
     kind = "csv_unterminated_quote"
@@ -882,7 +1085,11 @@ def _csv_cases() -> list[Case]:
     f.good_rows()
     f.add(f"{kind}-long,".encode() + b"r" * (MAX_RECORD_BYTES + 4096), RECORD_TOO_LARGE)
     f.good_rows()
-    out.append(case_of(kind, f, note="a quoted record over the limit is skipped to its closing quote; parsing resumes after it"))
+    out.append(
+        case_of(
+            kind, f, note="a quoted record over the limit is skipped to its closing quote; parsing resumes after it"
+        )
+    )
 
     kind = "csv_missing_text_column"
     f = csv_file(kind, b"id,body")
@@ -929,7 +1136,14 @@ def _gzip_cases() -> list[Case]:
     flushed = compressor.compress(kept) + compressor.flush(zlib.Z_FULL_FLUSH)
     whole = flushed + compressor.compress(rest) + compressor.flush()
     out.append(
-        Case(kind, {f"{kind}.jsonl.gz": whole[: len(flushed) + 4]}, {UNREADABLE: 1}, clean, 31, note="cut 4 bytes after a full flush: exactly the first 30 lines decompress")
+        Case(
+            kind,
+            {f"{kind}.jsonl.gz": whole[: len(flushed) + 4]},
+            {UNREADABLE: 1},
+            clean,
+            31,
+            note="cut 4 bytes after a full flush: exactly the first 30 lines decompress",
+        )
     )
 
     kind = "gz_damaged_member"
@@ -942,7 +1156,16 @@ def _gzip_cases() -> list[Case]:
         else:
             clean.update(lines)
         members.append(bytes(member))
-    out.append(Case(kind, {f"{kind}.jsonl.gz": b"".join(members)}, {UNREADABLE: 1}, clean, 81, note="5 members of 20 whole lines; the 3rd is damaged at its first deflate byte"))
+    out.append(
+        Case(
+            kind,
+            {f"{kind}.jsonl.gz": b"".join(members)},
+            {UNREADABLE: 1},
+            clean,
+            81,
+            note="5 members of 20 whole lines; the 3rd is damaged at its first deflate byte",
+        )
+    )
 
     kind = "gz_damaged_member_csv"
     members, clean = [], {}
@@ -961,20 +1184,54 @@ def _gzip_cases() -> list[Case]:
     data, clean = jsonl_lines(kind, 1, 12)
     cuts = [0, 37, 500, 501, len(data) - 1, len(data)]
     name = f"{kind}.jsonl.gz"
-    out.append(Case(kind, {name: b"".join(gz(data[a:b]) for a, b in zip(cuts, cuts[1:]))}, {}, clean, 12, (), {i: (name, n) for n, i in enumerate(clean, 1)}))
+    out.append(
+        Case(
+            kind,
+            {name: b"".join(gz(data[a:b]) for a, b in zip(cuts, cuts[1:]))},
+            {},
+            clean,
+            12,
+            (),
+            {i: (name, n) for n, i in enumerate(clean, 1)},
+        )
+    )
 
     kind = "gz_zero_padding"
     data, clean = jsonl_lines(kind, 1, 5)
     name = f"{kind}.jsonl.gz"
-    out.append(Case(kind, {name: gz(data) + b"\x00" * 1024}, {}, clean, 5, (), {i: (name, n) for n, i in enumerate(clean, 1)}, note="zero padding after the last member is ignored, as GNU gzip does"))
+    out.append(
+        Case(
+            kind,
+            {name: gz(data) + b"\x00" * 1024},
+            {},
+            clean,
+            5,
+            (),
+            {i: (name, n) for n, i in enumerate(clean, 1)},
+            note="zero padding after the last member is ignored, as GNU gzip does",
+        )
+    )
 
     kind = "gz_trailing_garbage"
     data, clean = jsonl_lines(kind, 1, 5)
-    out.append(Case(kind, {f"{kind}.jsonl.gz": gz(data) + b"this is not gzip data at all\n"}, {UNREADABLE: 1}, clean, 6, note="non-zero bytes after the last member are a damaged range"))
+    out.append(
+        Case(
+            kind,
+            {f"{kind}.jsonl.gz": gz(data) + b"this is not gzip data at all\n"},
+            {UNREADABLE: 1},
+            clean,
+            6,
+            note="non-zero bytes after the last member are a damaged range",
+        )
+    )
 
     kind = "gz_not_gzip"
     data, _ = jsonl_lines(kind, 1, 3)
-    out.append(Case(kind, {f"{kind}.jsonl.gz": data}, {UNREADABLE: 1}, {}, 1, note="a plain file named .gz is one damaged range"))
+    out.append(
+        Case(
+            kind, {f"{kind}.jsonl.gz": data}, {UNREADABLE: 1}, {}, 1, note="a plain file named .gz is one damaged range"
+        )
+    )
 
     kind = "gz_bomb_line"
     first, second = (f"{kind}-1", text_of(kind, 1)), (f"{kind}-3", text_of(kind, 3))
@@ -986,15 +1243,39 @@ def _gzip_cases() -> list[Case]:
             (b'"}\n' + dumps({"id": second[0], "text": second[1]}) + b"\n", 1),
         ]
     )
-    out.append(Case(kind, {name: bomb}, {RECORD_TOO_LARGE: 1}, dict([first, second]), 3, ((name, 2, RECORD_TOO_LARGE),), {first[0]: (name, 1), second[0]: (name, 3)}, note="a 200 MiB line in ~200 KB"))
+    out.append(
+        Case(
+            kind,
+            {name: bomb},
+            {RECORD_TOO_LARGE: 1},
+            dict([first, second]),
+            3,
+            ((name, 2, RECORD_TOO_LARGE),),
+            {first[0]: (name, 1), second[0]: (name, 3)},
+            note="a 200 MiB line in ~200 KB",
+        )
+    )
 
     kind = "gz_over_max_file_bytes"
     first = (f"{kind}-1", text_of(kind, 1))
     blank_mib = (b" " * 1023 + b"\n") * 1024
     data = gz_repeated(
-        [(dumps({"id": first[0], "text": first[1]}) + b"\n", 1), (blank_mib, 300), (dumps({"id": f"{kind}-2", "text": text_of(kind, 2)}) + b"\n", 1)]
+        [
+            (dumps({"id": first[0], "text": first[1]}) + b"\n", 1),
+            (blank_mib, 300),
+            (dumps({"id": f"{kind}-2", "text": text_of(kind, 2)}) + b"\n", 1),
+        ]
     )
-    out.append(Case(kind, {f"{kind}.jsonl.gz": data}, {UNREADABLE: 1}, dict([first]), 2, note="300 MiB of blank lines then a record: the rest past 256 MiB is one unreadable"))
+    out.append(
+        Case(
+            kind,
+            {f"{kind}.jsonl.gz": data},
+            {UNREADABLE: 1},
+            dict([first]),
+            2,
+            note="300 MiB of blank lines then a record: the rest past 256 MiB is one unreadable",
+        )
+    )
 
     out.append(_wide_keys_case())
 
@@ -1002,10 +1283,25 @@ def _gzip_cases() -> list[Case]:
     f = Lines(kind, suffix=".csv.gz")
     f.blank(b"id,text")
     f.good_rows()
-    f.add(f"{kind}-gbk,中文数据压缩文件测试 {kind}".encode("gbk"), clean=(f"{kind}-gbk", f"中文数据压缩文件测试 {kind}"), unit=AS_GB18030)
+    f.add(
+        f"{kind}-gbk,中文数据压缩文件测试 {kind}".encode("gbk"),
+        clean=(f"{kind}-gbk", f"中文数据压缩文件测试 {kind}"),
+        unit=AS_GB18030,
+    )
     f.add(f"{kind}-bad,".encode() + b"\xff\xfe\xfd", UNDECODABLE, unit=UNDECODABLE)
     case = case_of(kind, f)
-    out.append(Case(kind, {f.name: gz(f.data())}, case.expected_reasons, case.expected_clean, case.expected_records, case.quarantine_lines, case.clean_lines, case.encoding_units))
+    out.append(
+        Case(
+            kind,
+            {f.name: gz(f.data())},
+            case.expected_reasons,
+            case.expected_clean,
+            case.expected_records,
+            case.quarantine_lines,
+            case.clean_lines,
+            case.encoding_units,
+        )
+    )
     return out
 
 
@@ -1015,7 +1311,9 @@ def _parquet_cases() -> list[Case]:
     def docs(kind: str, count: int) -> tuple[list[str], list[str]]:
         return [f"{kind}-{n}" for n in range(1, count + 1)], [text_of(kind, n) for n in range(1, count + 1)]
 
-    def simple(kind: str, table: pa.Table, reasons_at: dict[int, str] | None = None, note: str = "", **options: Any) -> Case:
+    def simple(
+        kind: str, table: pa.Table, reasons_at: dict[int, str] | None = None, note: str = "", **options: Any
+    ) -> Case:
         """A Parquet case whose rows are clean unless reasons_at names them (1-based rows)."""
         reasons_at = reasons_at or {}
         name = f"{kind}.parquet"
@@ -1035,21 +1333,44 @@ def _parquet_cases() -> list[Case]:
 
     kind = "pq_timestamp_out_of_range_ignored"
     ids, texts = docs(kind, 3)
-    out.append(simple(kind, pa.table({"id": ids, "text": texts, "seen": pa.array([0, 10**12, 253402300800], pa.timestamp("s"))})))
+    out.append(
+        simple(
+            kind, pa.table({"id": ids, "text": texts, "seen": pa.array([0, 10**12, 253402300800], pa.timestamp("s"))})
+        )
+    )
 
     kind = "pq_timestamp_out_of_range_created_at"
     ids, texts = docs(kind, 3)
     created = pa.array([1_767_225_600, 10**12, -(10**12)], pa.timestamp("s"))  # 2026-01-01, year ~33658, year ~-29719
-    out.append(simple(kind, pa.table({"id": ids, "text": texts, "created_at": created}), {2: WRONG_TYPE, 3: WRONG_TYPE}))
+    out.append(
+        simple(kind, pa.table({"id": ids, "text": texts, "created_at": created}), {2: WRONG_TYPE, 3: WRONG_TYPE})
+    )
 
     kind = "pq_unknown_timezone"
     ids, texts = docs(kind, 2)
-    out.append(simple(kind, pa.table({"id": ids, "text": texts, "seen": pa.array([1, 2], pa.timestamp("us", tz="Mars/Olympus_Mons"))})))
+    out.append(
+        simple(
+            kind,
+            pa.table({"id": ids, "text": texts, "seen": pa.array([1, 2], pa.timestamp("us", tz="Mars/Olympus_Mons"))}),
+        )
+    )
 
     kind = "pq_binary_hash_column"
     ids, texts = docs(kind, 3)
     hashes = [bytes(range(n, n + 32)) for n in (200, 0, 128)]
-    out.append(simple(kind, pa.table({"id": ids, "text": texts, "sha256": pa.array(hashes, pa.binary()), "fixed": pa.array(hashes, pa.binary(32))})))
+    out.append(
+        simple(
+            kind,
+            pa.table(
+                {
+                    "id": ids,
+                    "text": texts,
+                    "sha256": pa.array(hashes, pa.binary()),
+                    "fixed": pa.array(hashes, pa.binary(32)),
+                }
+            ),
+        )
+    )
 
     kind = "pq_nested_columns"
     ids, texts = docs(kind, 2)
@@ -1093,7 +1414,11 @@ def _parquet_cases() -> list[Case]:
     out.append(
         Case(
             kind,
-            {name: parquet_bytes(pa.table({"id": invalid_strings(ids_raw), "text": [text_of(kind, 1), text_of(kind, 2)]}))},
+            {
+                name: parquet_bytes(
+                    pa.table({"id": invalid_strings(ids_raw), "text": [text_of(kind, 1), text_of(kind, 2)]})
+                )
+            },
             {UNDECODABLE: 1},
             {f"{kind}-1": text_of(kind, 1)},
             2,
@@ -1116,41 +1441,113 @@ def _parquet_cases() -> list[Case]:
 
     kind = "pq_not_parquet"
     name = f"{kind}.parquet"
-    out.append(Case(kind, {name: b"PAR1 this is a text file, not Parquet PAR1"}, {UNREADABLE: 1}, {}, 1, ((name, 0, UNREADABLE),)))
+    out.append(
+        Case(
+            kind,
+            {name: b"PAR1 this is a text file, not Parquet PAR1"},
+            {UNREADABLE: 1},
+            {},
+            1,
+            ((name, 0, UNREADABLE),),
+        )
+    )
 
     kind = "pq_duplicate_text_column"
     ids, texts = docs(kind, 3)
-    table = pa.Table.from_arrays([pa.array(ids), pa.array(texts), pa.array([t + " again" for t in texts])], names=["id", "text", "text"])
+    table = pa.Table.from_arrays(
+        [pa.array(ids), pa.array(texts), pa.array([t + " again" for t in texts])], names=["id", "text", "text"]
+    )
     name = f"{kind}.parquet"
-    out.append(Case(kind, {name: parquet_bytes(table)}, {DUPLICATE_FIELD: 3}, {}, 3, tuple((name, r, DUPLICATE_FIELD) for r in (1, 2, 3))))
+    out.append(
+        Case(
+            kind,
+            {name: parquet_bytes(table)},
+            {DUPLICATE_FIELD: 3},
+            {},
+            3,
+            tuple((name, r, DUPLICATE_FIELD) for r in (1, 2, 3)),
+        )
+    )
 
     kind = "pq_duplicate_ignored_column"
     ids, texts = docs(kind, 2)
-    table = pa.Table.from_arrays([pa.array(ids), pa.array(texts), pa.array([1, 2]), pa.array(["a", "b"])], names=["id", "text", "extra", "extra"])
+    table = pa.Table.from_arrays(
+        [pa.array(ids), pa.array(texts), pa.array([1, 2]), pa.array(["a", "b"])], names=["id", "text", "extra", "extra"]
+    )
     out.append(simple(kind, table))
 
     kind = "pq_integer_id"
     texts = [text_of(kind, n) for n in (1, 2, 3)]
     name = f"{kind}.parquet"
-    out.append(Case(kind, {name: parquet_bytes(pa.table({"id": pa.array([1, 2, 3], pa.int64()), "text": texts}))}, {WRONG_TYPE: 3}, {}, 3, tuple((name, r, WRONG_TYPE) for r in (1, 2, 3))))
+    out.append(
+        Case(
+            kind,
+            {name: parquet_bytes(pa.table({"id": pa.array([1, 2, 3], pa.int64()), "text": texts}))},
+            {WRONG_TYPE: 3},
+            {},
+            3,
+            tuple((name, r, WRONG_TYPE) for r in (1, 2, 3)),
+        )
+    )
 
     kind = "pq_missing_text_column"
     ids, texts = docs(kind, 2)
     name = f"{kind}.parquet"
-    out.append(Case(kind, {name: parquet_bytes(pa.table({"id": ids, "body": texts}))}, {MISSING_FIELD: 2}, {}, 2, ((name, 1, MISSING_FIELD), (name, 2, MISSING_FIELD))))
+    out.append(
+        Case(
+            kind,
+            {name: parquet_bytes(pa.table({"id": ids, "body": texts}))},
+            {MISSING_FIELD: 2},
+            {},
+            2,
+            ((name, 1, MISSING_FIELD), (name, 2, MISSING_FIELD)),
+        )
+    )
 
     kind = "pq_nulls"
     ids, texts = docs(kind, 3)
     name = f"{kind}.parquet"
-    table = pa.table({"id": pa.array([None, ids[1], ids[2]], pa.string()), "text": pa.array([texts[0], None, texts[2]], pa.string())})
-    out.append(Case(kind, {name: parquet_bytes(table)}, {MISSING_FIELD: 2}, {ids[2]: texts[2]}, 3, ((name, 1, MISSING_FIELD), (name, 2, MISSING_FIELD)), {ids[2]: (name, 3)}))
+    table = pa.table(
+        {"id": pa.array([None, ids[1], ids[2]], pa.string()), "text": pa.array([texts[0], None, texts[2]], pa.string())}
+    )
+    out.append(
+        Case(
+            kind,
+            {name: parquet_bytes(table)},
+            {MISSING_FIELD: 2},
+            {ids[2]: texts[2]},
+            3,
+            ((name, 1, MISSING_FIELD), (name, 2, MISSING_FIELD)),
+            {ids[2]: (name, 3)},
+        )
+    )
 
     kind = "pq_zero_rows"
-    out.append(Case(kind, {f"{kind}.parquet": parquet_bytes(pa.table({"id": pa.array([], pa.string()), "text": pa.array([], pa.string())}))}, {}, {}, 0, (), {}))
+    out.append(
+        Case(
+            kind,
+            {
+                f"{kind}.parquet": parquet_bytes(
+                    pa.table({"id": pa.array([], pa.string()), "text": pa.array([], pa.string())})
+                )
+            },
+            {},
+            {},
+            0,
+            (),
+            {},
+        )
+    )
 
     kind = "pq_string_variants"
     ids, texts = docs(kind, 4)
-    table = pa.table({"id": pa.array(ids, pa.large_string()), "text": pa.array(texts, pa.string()).dictionary_encode(), "lang": pa.array(["en"] * 4, pa.large_string())})
+    table = pa.table(
+        {
+            "id": pa.array(ids, pa.large_string()),
+            "text": pa.array(texts, pa.string()).dictionary_encode(),
+            "lang": pa.array(["en"] * 4, pa.large_string()),
+        }
+    )
     out.append(simple(kind, table, note="large_string ids, a dictionary-typed text column"))
 
     kind = "pq_created_at_types"
@@ -1158,7 +1555,13 @@ def _parquet_cases() -> list[Case]:
     out.append(
         simple(
             kind,
-            pa.table({"id": ids, "text": texts, "created_at": pa.array([1_767_225_600_000_000, 0], pa.timestamp("us", tz="UTC"))}),
+            pa.table(
+                {
+                    "id": ids,
+                    "text": texts,
+                    "created_at": pa.array([1_767_225_600_000_000, 0], pa.timestamp("us", tz="UTC")),
+                }
+            ),
         )
     )
     kind = "pq_created_at_date"
@@ -1192,7 +1595,9 @@ def _damaged_parquet(kind: str, compression: str) -> Case:
     """5 row groups of 10 rows; the text page of row group 3 (rows 21-30) is damaged."""
     ids = [f"{kind}-{n}" for n in range(1, 51)]
     texts = [text_of(kind, n) for n in range(1, 51)]
-    whole = parquet_bytes(pa.table({"id": ids, "text": texts}), row_group_size=10, compression=compression, use_dictionary=False)
+    whole = parquet_bytes(
+        pa.table({"id": ids, "text": texts}), row_group_size=10, compression=compression, use_dictionary=False
+    )
     offset, size = damaged_page_location(whole, 2, "text")
     if compression == "NONE":
         damaged = bytearray(whole)
@@ -1276,6 +1681,8 @@ def land_cases(home: Path, partition: str, cases: Iterable[Case], extras: bool =
         if first_file is not None:
             (folder / "link_case.jsonl").symlink_to(first_file)
         (folder / "dir_case.jsonl").mkdir()
-        (folder / "dir_case.jsonl" / "inner.jsonl").write_bytes(dumps({"id": "inner-1", "text": text_of("inner", 1)}) + b"\n")
+        (folder / "dir_case.jsonl" / "inner.jsonl").write_bytes(
+            dumps({"id": "inner-1", "text": text_of("inner", 1)}) + b"\n"
+        )
         os.mkfifo(folder / "fifo_case.jsonl")
     return folder

@@ -66,7 +66,9 @@ def latest(instance: dg.DagsterInstance, key: str, partition: str | None = None)
     return records[0].asset_materialization
 
 
-def materializations(instance: dg.DagsterInstance, key: str, partition: str | None = None) -> list[dg.AssetMaterialization]:
+def materializations(
+    instance: dg.DagsterInstance, key: str, partition: str | None = None
+) -> list[dg.AssetMaterialization]:
     """Every materialization of an asset (partition), oldest first."""
     records = instance.fetch_materializations(
         dg.AssetRecordsFilter(asset_key=dg.AssetKey(key), asset_partitions=[partition] if partition else None),

@@ -88,7 +88,10 @@ def test_single_partition_run_succeeds_and_every_check_passes(daily: Materialize
     assert result.success
     assert check_outcomes(result) == {name: True for name in CHECK_NAMES}
     made = run_materializations(result)
-    assert set(made) == {(key, partition) for key in PARTITIONED_KEYS} | {("bpe_tokenizer", None), ("dataset_manifest", None)}
+    assert set(made) == {(key, partition) for key in PARTITIONED_KEYS} | {
+        ("bpe_tokenizer", None),
+        ("dataset_manifest", None),
+    }
 
 
 @pytest.mark.parametrize("partition", DEMO_PARTITIONS)
@@ -108,7 +111,13 @@ def test_clean_documents_metadata_counts_every_planted_dirty_row(daily: Material
     assert all(record.data["id"] and record.data["text"] for record in clean_sample.records)
 
     quarantine_sample = values["quarantine_sample"]
-    assert [column.name for column in quarantine_sample.schema.columns] == ["reason", "detail", "source_file", "line", "raw"]
+    assert [column.name for column in quarantine_sample.schema.columns] == [
+        "reason",
+        "detail",
+        "source_file",
+        "line",
+        "raw",
+    ]
     sampled = [record.data["reason"] for record in quarantine_sample.records]
     # Up to two rows of every reason that occurred, and no other reason.
     assert set(sampled) == {reason for reason, count in expected["reasons"].items() if count}
@@ -225,7 +234,10 @@ def test_range_run_then_rerun_reuses_every_artifact(demo_home: Path, daily: Mate
             # Same landed bytes, other home, other run shape: same artifacts, same content.
             for partition in DEMO_PARTITIONS:
                 assert meta(made[(key, partition)])["artifact_id"] == daily.store.require_current(key, partition).id
-                assert meta(made[(key, partition)])["content_sha256"] == daily.store.require_current(key, partition).content_sha256
+                assert (
+                    meta(made[(key, partition)])["content_sha256"]
+                    == daily.store.require_current(key, partition).content_sha256
+                )
         tokenizer = meta(made[("bpe_tokenizer", None)])
         assert tokenizer["training_partitions"] == ", ".join(DEMO_PARTITIONS)
 
@@ -249,7 +261,13 @@ def test_single_partition_rerun_reports_reused(demo_home: Path) -> None:
     selection = [raw_documents, clean_documents]
     with dg.instance_for_test() as instance:
         runs = [
-            dg.materialize(ASSETS, selection=selection, instance=instance, resources=resources(demo_home), partition_key="2026-01-01")
+            dg.materialize(
+                ASSETS,
+                selection=selection,
+                instance=instance,
+                resources=resources(demo_home),
+                partition_key="2026-01-01",
+            )
             for _ in range(2)
         ]
         assert all(run.success for run in runs)
@@ -272,13 +290,17 @@ def test_single_partition_rerun_reports_reused(demo_home: Path) -> None:
         ("2026-01-06", "README.txt", "holds no data files"),
     ],
 )
-def test_missing_raw_partition_fails_naming_the_folder(demo_home: Path, partition: str, prepare: str | None, phrase: str) -> None:
+def test_missing_raw_partition_fails_naming_the_folder(
+    demo_home: Path, partition: str, prepare: str | None, phrase: str
+) -> None:
     folder = demo_home / "raw" / partition
     if prepare:
         folder.mkdir(parents=True)
         (folder / prepare).write_text("not data\n")
     with dg.instance_for_test() as instance:
-        result = dg.materialize(ASSETS, instance=instance, resources=resources(demo_home), partition_key=partition, raise_on_error=False)
+        result = dg.materialize(
+            ASSETS, instance=instance, resources=resources(demo_home), partition_key=partition, raise_on_error=False
+        )
         assert not result.success
         failures = step_failure_messages(result)
         assert set(failures) == {"raw_documents"}
@@ -324,7 +346,9 @@ def test_failing_blocking_check_stops_downstream_steps(demo_home: Path) -> None:
     store = ArtifactStore(demo_home)
     partition = "2026-01-01"
     with dg.instance_for_test() as instance:
-        assert dg.materialize(ASSETS, instance=instance, resources=resources(demo_home), partition_key=partition).success
+        assert dg.materialize(
+            ASSETS, instance=instance, resources=resources(demo_home), partition_key=partition
+        ).success
         tokenized_before = store.require_current("tokenized_documents", partition).id
         rows_left = _drop_last_clean_row(store, partition)
 
@@ -380,14 +404,18 @@ def test_tokenizer_is_pinned_until_retrain_is_requested(demo_home: Path) -> None
         assert values["artifact_id"] == first.id and values["reused"] is True
         assert values["training_partitions"] == old_day
 
-        retrained = dg.materialize(ASSETS, selection=[bpe_tokenizer], instance=instance, resources=res, run_config=RETRAIN)
+        retrained = dg.materialize(
+            ASSETS, selection=[bpe_tokenizer], instance=instance, resources=res, run_config=RETRAIN
+        )
         assert retrained.success
         assert check_outcomes(retrained) == {"tokenizer_round_trips": True}
         materialization = run_materializations(retrained)[("bpe_tokenizer", None)]
         values = meta(materialization)
         assert values["artifact_id"] != first.id and values["reused"] is False
         assert values["training_partitions"] == f"{old_day}, {new_day}"
-        assert values["input_ids"] == ", ".join(store.require_current("clean_documents", p).id for p in (old_day, new_day))
+        assert values["input_ids"] == ", ".join(
+            store.require_current("clean_documents", p).id for p in (old_day, new_day)
+        )
         assert store.require_current("bpe_tokenizer").id == values["artifact_id"]
         assert materialization.tags["dagster/data_version"] == values["content_sha256"]
         assert (store.root / "bpe_tokenizer" / first.id).is_dir()  # the old tokenizer is kept
@@ -398,7 +426,9 @@ def test_tokenizer_is_pinned_until_retrain_is_requested(demo_home: Path) -> None
         assert again_values["artifact_id"] == values["artifact_id"] and again_values["reused"] is True
 
         # The old day was tokenized with the old tokenizer: the dataset refuses to mix them.
-        stale = dg.materialize(ASSETS, selection=[dataset_manifest], instance=instance, resources=res, raise_on_error=False)
+        stale = dg.materialize(
+            ASSETS, selection=[dataset_manifest], instance=instance, resources=res, raise_on_error=False
+        )
         assert not stale.success
         message = step_failure_messages(stale)["dataset_manifest"]
         assert old_day in message and values["artifact_id"] in message
@@ -426,10 +456,20 @@ def test_round_trip_check_reads_every_clean_row(tmp_path: Path) -> None:
     land(home, "2026-01-01", "docs.jsonl", jsonl(*[{"id": f"doc-{i}", "text": t} for i, t in enumerate(texts)]))
     res = resources(home)
     with dg.instance_for_test() as instance:
-        assert dg.materialize(ASSETS, selection=[raw_documents, clean_documents], instance=instance, resources=res, partition_key="2026-01-01").success
+        assert dg.materialize(
+            ASSETS,
+            selection=[raw_documents, clean_documents],
+            instance=instance,
+            resources=res,
+            partition_key="2026-01-01",
+        ).success
         lowercasing_tokenizer(ArtifactStore(home), texts)
         result = dg.materialize(
-            ASSETS, selection=dg.AssetSelection.checks(tokenizer_round_trips), instance=instance, resources=res, raise_on_error=False
+            ASSETS,
+            selection=dg.AssetSelection.checks(tokenizer_round_trips),
+            instance=instance,
+            resources=res,
+            raise_on_error=False,
         )
     [evaluation] = result.get_asset_check_evaluations()
     assert evaluation.check_name == "tokenizer_round_trips" and evaluation.passed is False

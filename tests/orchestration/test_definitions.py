@@ -131,7 +131,9 @@ def test_checks_exist_and_are_blocking() -> None:
     specs = [spec for checks_def in defs.asset_checks for spec in checks_def.check_specs]
     declared = {(spec.asset_key.to_user_string(), spec.name) for spec in specs}
     assert DATA_HALF_CHECKS <= declared, f"missing {sorted(DATA_HALF_CHECKS - declared)}"
-    assert {(spec.asset_key.to_user_string(), spec.name) for spec in specs if spec.asset_key.to_user_string() in DATA_HALF} == DATA_HALF_CHECKS
+    assert {
+        (spec.asset_key.to_user_string(), spec.name) for spec in specs if spec.asset_key.to_user_string() in DATA_HALF
+    } == DATA_HALF_CHECKS
     assert all(spec.blocking for spec in specs), [spec.name for spec in specs if not spec.blocking]
     assert all(asset in asset_keys() for asset, _ in declared)
     graph_checks = {(key.asset_key.to_user_string(), key.name) for key in defs.resolve_asset_graph().asset_check_keys}

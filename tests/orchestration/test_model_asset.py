@@ -140,7 +140,10 @@ def test_check_metadata_reports_what_was_checked(graph: Materialized) -> None:
     assert counts == {"stored": TINY_PARAMETERS, "expected_from_config": TINY_PARAMETERS}
     losses = {k: v.value for k, v in evaluations["beats_unigram_baseline"].metadata.items()}
     metrics = graph.store.require_current("model_checkpoint").metrics
-    assert losses == {"validation_loss": metrics["validation_loss"], "unigram_baseline_loss": metrics["unigram_baseline_loss"]}
+    assert losses == {
+        "validation_loss": metrics["validation_loss"],
+        "unigram_baseline_loss": metrics["unigram_baseline_loss"],
+    }
 
 
 # ---- each check can fail --------------------------------------------------------------------

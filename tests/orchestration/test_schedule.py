@@ -69,7 +69,10 @@ def test_new_day_keeps_the_tokenizer_and_old_partitions(demo_home: Path) -> None
         assert result.dagster_run.tags["dagster/partition"] == NEW_DAY
         assert check_outcomes(result) == {name: True for name in CHECK_NAMES}
         made = run_materializations(result)
-        assert set(made) == {(key, NEW_DAY) for key in PARTITIONED_KEYS} | {("bpe_tokenizer", None), ("dataset_manifest", None)}
+        assert set(made) == {(key, NEW_DAY) for key in PARTITIONED_KEYS} | {
+            ("bpe_tokenizer", None),
+            ("dataset_manifest", None),
+        }
 
         # The tokenizer stays pinned: same artifact, reused, still trained on the first three days.
         tokenizer = meta(made[("bpe_tokenizer", None)])
@@ -81,10 +84,13 @@ def test_new_day_keeps_the_tokenizer_and_old_partitions(demo_home: Path) -> None
         # Old days are neither re-cleaned nor re-tokenized.
         assert {p: store.require_current("tokenized_documents", p).id for p in DEMO_PARTITIONS} == tokenized_before
         assert {p: store.require_current("clean_documents", p).id for p in DEMO_PARTITIONS} == clean_before
-        assert sorted(store.list_ids("tokenized_documents")) == sorted([*tokenized_before.values(), meta(made[("tokenized_documents", NEW_DAY)])["artifact_id"]])
+        assert sorted(store.list_ids("tokenized_documents")) == sorted(
+            [*tokenized_before.values(), meta(made[("tokenized_documents", NEW_DAY)])["artifact_id"]]
+        )
         for partition in DEMO_PARTITIONS:
             records = instance.fetch_materializations(
-                dg.AssetRecordsFilter(asset_key=dg.AssetKey("tokenized_documents"), asset_partitions=[partition]), limit=10
+                dg.AssetRecordsFilter(asset_key=dg.AssetKey("tokenized_documents"), asset_partitions=[partition]),
+                limit=10,
             ).records
             assert [record.run_id for record in records] == [backfill.run_id]
 
@@ -100,8 +106,13 @@ def test_new_day_keeps_the_tokenizer_and_old_partitions(demo_home: Path) -> None
         manifest = meta(made[("dataset_manifest", None)])
         assert manifest["partitions"] == 4
         assert manifest["tokenizer_id"] == tokenizer_before.id
-        assert manifest["input_ids"] == ", ".join([tokenizer_before.id, *tokenized_before.values(), tokenized["artifact_id"]])
+        assert manifest["input_ids"] == ", ".join(
+            [tokenizer_before.id, *tokenized_before.values(), tokenized["artifact_id"]]
+        )
         assert manifest["rows"] == manifest_before.metrics["rows"] + tokenized["rows"]
         assert manifest["content_sha256"] != manifest_before.content_sha256
-        assert [record.data["partition"] for record in manifest["partition_table"].records] == [*DEMO_PARTITIONS, NEW_DAY]
+        assert [record.data["partition"] for record in manifest["partition_table"].records] == [
+            *DEMO_PARTITIONS,
+            NEW_DAY,
+        ]
         assert made[("dataset_manifest", None)].tags["dagster/data_version"] == manifest["content_sha256"]
