@@ -7,7 +7,8 @@ import datetime as dt
 import json
 import logging
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from aieng_core.config import ConfigError, load_config
 from aieng_core.home import raw_partition_dir, resolve_home
@@ -86,8 +87,10 @@ def cmd_model_train(args: argparse.Namespace) -> int:
         args.json,
         lambda r: (
             f"model_checkpoint {r['id']} ({'reused' if r['reused'] else 'trained'})\n"
-            f"  validation loss {r['metrics']['validation_loss']:.4f} vs unigram baseline {r['metrics']['unigram_baseline_loss']:.4f} nats/token\n"
-            f"  {r['metrics']['parameters']:,} parameters, {r['metrics']['steps']} steps ({r['metrics']['stopped_by']}), "
+            f"  validation loss {r['metrics']['validation_loss']:.4f} vs unigram baseline "
+            f"{r['metrics']['unigram_baseline_loss']:.4f} nats/token\n"
+            f"  {r['metrics']['parameters']:,} parameters, {r['metrics']['steps']} steps "
+            f"({r['metrics']['stopped_by']}), "
             f"{r['metrics']['tokens_per_second']:,.0f} tokens/s\n  {r['path']}"
         ),
     )

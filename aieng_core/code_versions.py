@@ -8,9 +8,13 @@ lock keeps versions readable and bumped on purpose, and the test makes forgettin
 impossible. The hash is over each module's syntax tree without docstrings, so comments,
 docstrings and reformatting never call for a bump.
 
-`code_versions.json` beside this file keeps, per stage, every version ever locked with its
-source hash; a version never changes hash. After a deliberate change of a stage's behaviour:
-bump its CODE_VERSION, then run `python -m aieng_core.code_versions --lock`.
+`code_versions.json` beside this file keeps, per stage, every version ever locked with the
+source hashes it names; a locked hash is never taken away. After a deliberate change of a
+stage's behaviour: bump its CODE_VERSION, then run `python -m aieng_core.code_versions --lock`.
+After a change that provably keeps every byte the stage writes (an import moved, a name
+renamed, an annotation modernised): `--lock --same-behaviour` adds the new hash to the
+version it already has. That is a claim a reviewer checks in the lock file's diff; when in
+doubt, bump.
 """
 
 from __future__ import annotations
@@ -102,7 +106,8 @@ def current_versions() -> dict[str, str]:
     return {stage: importlib.import_module(module).CODE_VERSION for stage, (module, _) in STAGE_SOURCES.items()}
 
 
-def read_lock() -> dict[str, dict[str, str]]:
+def read_lock() -> dict[str, dict[str, list[str]]]:
+    """stage -> version -> the source hashes locked to it (the first one, then same-behaviour edits)."""
     return json.loads(LOCK_FILE.read_text(encoding="utf-8")) if LOCK_FILE.exists() else {}
 
 
@@ -112,32 +117,37 @@ def problems() -> list[str]:
     for stage, version in current_versions().items():
         locked = lock.get(stage, {}).get(version)
         source = source_sha256(stage)
-        if locked is None:
+        if not locked:
             found.append(
                 f"{stage}: {version} is not in {LOCK_FILE.name}; run `python -m aieng_core.code_versions --lock`"
             )
-        elif locked != source:
+        elif source not in locked:
             found.append(
                 f"{stage}: its source changed but CODE_VERSION is still {version!r}; bump it (the artifacts it made "
-                f"no longer match its code), then run `python -m aieng_core.code_versions --lock`"
+                f"no longer match its code), then run `python -m aieng_core.code_versions --lock` (or, for an edit "
+                f"that keeps every byte the stage writes, `--lock --same-behaviour`)"
             )
     return found
 
 
-def lock() -> list[str]:
-    """Record the current versions; refuses to give a locked version another source hash."""
+def lock(same_behaviour: bool = False) -> list[str]:
+    """Record the current versions. A locked version gets another source hash only with
+    same_behaviour=True (the caller's claim that the stage writes the same bytes)."""
     refused = [problem for problem in problems() if "source changed" in problem]
-    if refused:
+    if refused and not same_behaviour:
         return refused
     entries = read_lock()
     for stage, version in current_versions().items():
-        entries.setdefault(stage, {})[version] = source_sha256(stage)
+        hashes = entries.setdefault(stage, {}).setdefault(version, [])
+        if source_sha256(stage) not in hashes:
+            hashes.append(source_sha256(stage))
     LOCK_FILE.write_text(json.dumps(entries, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return []
 
 
 if __name__ == "__main__":
-    found = lock() if "--lock" in sys.argv[1:] else problems()
+    arguments = sys.argv[1:]
+    found = lock(same_behaviour="--same-behaviour" in arguments) if "--lock" in arguments else problems()
     for problem in found:
         print(problem, file=sys.stderr)
     sys.exit(1 if found else 0)

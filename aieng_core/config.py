@@ -45,7 +45,7 @@ class DataConfig(_Section):
     fallback_encodings: tuple[str, ...] = Field(default=("gb18030",), strict=False)
 
     @model_validator(mode="after")
-    def _bounds_ordered(self) -> "DataConfig":
+    def _bounds_ordered(self) -> DataConfig:
         if self.min_chars > self.max_chars:
             raise ValueError(f"min_chars ({self.min_chars}) must not exceed max_chars ({self.max_chars})")
         if self.max_record_bytes > self.max_file_bytes:
@@ -79,7 +79,7 @@ class TokenizerConfig(_Section):
     max_training_chars: int = Field(default=50_000_000, ge=1)
 
     @model_validator(mode="after")
-    def _distinct_specials(self) -> "TokenizerConfig":
+    def _distinct_specials(self) -> TokenizerConfig:
         if self.eos_token == self.pad_token:
             raise ValueError("eos_token and pad_token must differ")
         return self
@@ -104,7 +104,7 @@ class ModelConfig(_Section):
     tie_word_embeddings: bool = True
 
     @model_validator(mode="after")
-    def _heads_fit(self) -> "ModelConfig":
+    def _heads_fit(self) -> ModelConfig:
         if problem := head_shape_problem(self.hidden_size, self.num_attention_heads, self.num_key_value_heads):
             raise ValueError(problem)
         return self
@@ -131,7 +131,7 @@ class TrainingConfig(_Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
     @model_validator(mode="after")
-    def _schedule_fits(self) -> "TrainingConfig":
+    def _schedule_fits(self) -> TrainingConfig:
         if self.min_learning_rate > self.learning_rate:
             raise ValueError(
                 f"min_learning_rate ({self.min_learning_rate}) must not exceed learning_rate ({self.learning_rate})"

@@ -60,7 +60,8 @@ def format_status(status: dict[str, Any]) -> str:
     if manifest:
         m = manifest["metrics"]
         lines.append(
-            f"{MANIFEST_KIND}: {manifest['id']}  {m['partitions']} partitions, {m['rows']} documents, {m['tokens']:,} tokens"
+            f"{MANIFEST_KIND}: {manifest['id']}  {m['partitions']} partitions, {m['rows']} documents, "
+            f"{m['tokens']:,} tokens"
         )
         lines.append(f"  data version (content sha256) {manifest['content_sha256']}")
         lines.append(f"  {manifest['path']}")

@@ -1,6 +1,7 @@
 """Turning artifacts into what the Dagster UI shows: ids, inputs, counts, sample tables."""
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import dagster as dg
 

@@ -4,8 +4,6 @@ Both default to the same environment variables the `aieng` CLI reads (AIENG_HOME
 AIENG_CONFIG), so the UI, the Dagster CLI and `aieng` always see the same artifacts.
 """
 
-from typing import Optional
-
 import dagster as dg
 
 from aieng_core.config import AiengConfig, load_config
@@ -14,8 +12,8 @@ from aieng_core.store import ArtifactStore
 
 
 class AiengResource(dg.ConfigurableResource):
-    home: Optional[str] = None  # default: $AIENG_HOME, else ./.aieng
-    config_path: Optional[str] = None  # default: $AIENG_CONFIG, else configs/pipeline.yaml
+    home: str | None = None  # default: $AIENG_HOME, else ./.aieng
+    config_path: str | None = None  # default: $AIENG_CONFIG, else configs/pipeline.yaml
 
     def settings(self) -> AiengConfig:
         return load_config(self.config_path)

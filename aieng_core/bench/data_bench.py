@@ -22,16 +22,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from aieng_core.config import load_config, resolve_config_path
 from aieng_core.data import reasons
 from aieng_core.data.clean_documents import PartitionCleaner, build_clean_documents
-from aieng_core.data.contract import validate_batch
 from aieng_core.data.cleaning import clean_text
+from aieng_core.data.contract import validate_batch
 from aieng_core.data.demo_data import corpus, land_demo_data
 from aieng_core.data.raw_documents import build_raw_documents
 from aieng_core.data.readers import LandedFile, ReadLimits
@@ -250,7 +251,7 @@ def run_data_bench(
         large = run_partition(home, config_path, LARGE_PARTITION)
         results: dict[str, Any] = {
             "suite": "data",
-            "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
             "config": str(config_path),
             "clean_validate": bench_clean_validate(small_raw, settings.data.batch_rows, settings.data),
@@ -295,12 +296,18 @@ def run_data_bench(
 def format_results(results: dict[str, Any]) -> str:
     cv, rt, h, m = results["clean_validate"], results["raw_to_tokenized"], results["hashing"], results["memory"]
     lines = [
-        f"clean+validate   ours {cv['ours_mb_s']:.1f} MB/s vs same cleaner with per-row pydantic {cv['same_cleaner_per_row_pydantic_mb_s']:.1f} MB/s "
-        f"(x{cv['speedup_vs_per_row_pydantic']:.2f}); seeds' per-row loop {cv['seeds_per_row_loop_mb_s']:.1f} MB/s (x{cv['speedup_vs_seeds_loop']:.2f})",
-        f"raw->tokenized   {rt['pipeline_mb_s']:.2f} MB/s vs bare encode_batch {rt['encode_batch_mb_s']:.2f} MB/s  (fraction {rt['fraction_of_encode_batch']:.2f})",
-        f"file hashing     {h['file_hashing_mb_s']:.0f} MB/s vs hashlib {h['hashlib_mb_s']:.0f} MB/s  (ratio {h['file_hashing_vs_hashlib']:.2f})",
-        f"content hashing  {h['content_hashing_mb_s']:.0f} MB/s  (ratio to hashlib {h['content_hashing_vs_hashlib']:.2f})",
-        f"large partition  {m['large']['bytes'] / 1e6:.0f} MB: peak RSS {m['large_peak_rss_mib']:.0f} MiB, time x{m['time_ratio']:.2f} for x{m['size_ratio']:.1f} the data",
+        f"clean+validate   ours {cv['ours_mb_s']:.1f} MB/s vs same cleaner with per-row pydantic "
+        f"{cv['same_cleaner_per_row_pydantic_mb_s']:.1f} MB/s "
+        f"(x{cv['speedup_vs_per_row_pydantic']:.2f}); seeds' per-row loop {cv['seeds_per_row_loop_mb_s']:.1f} "
+        f"MB/s (x{cv['speedup_vs_seeds_loop']:.2f})",
+        f"raw->tokenized   {rt['pipeline_mb_s']:.2f} MB/s vs bare encode_batch {rt['encode_batch_mb_s']:.2f} "
+        f"MB/s  (fraction {rt['fraction_of_encode_batch']:.2f})",
+        f"file hashing     {h['file_hashing_mb_s']:.0f} MB/s vs hashlib {h['hashlib_mb_s']:.0f} MB/s  (ratio "
+        f"{h['file_hashing_vs_hashlib']:.2f})",
+        f"content hashing  {h['content_hashing_mb_s']:.0f} MB/s  (ratio to hashlib "
+        f"{h['content_hashing_vs_hashlib']:.2f})",
+        f"large partition  {m['large']['bytes'] / 1e6:.0f} MB: peak RSS {m['large_peak_rss_mib']:.0f} MiB, "
+        f"time x{m['time_ratio']:.2f} for x{m['size_ratio']:.1f} the data",
         "goals:",
     ]
     lines += [

@@ -14,8 +14,9 @@ import os
 import platform
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -107,7 +108,7 @@ def run_model_bench(steps: int = 30, out: str | None = None, config: str | None 
 
         def load_pt() -> None:
             # The same construction as ours (meta device, assign), so only the file path differs.
-            tensors = torch.load(pt_path, weights_only=True, mmap=True)
+            tensors = torch.load(pt_path, weights_only=True, mmap=True)  # noqa: TID251 -- the peer being measured
             with torch.device("meta"):
                 model = LlamaForCausalLM(model_config)
             model.load_state_dict(tensors, strict=False, assign=True)
@@ -124,7 +125,7 @@ def run_model_bench(steps: int = 30, out: str | None = None, config: str | None 
         ours_load, pt_load = best(load_ours), best(load_pt)
         results = {
             "suite": "model",
-            "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "machine": {
                 "cpus": os.cpu_count(),
                 "torch_threads": torch.get_num_threads(),
@@ -164,7 +165,9 @@ def format_model_results(results: dict[str, Any]) -> str:
     return "\n".join(
         [
             f"model            {results['model']['parameters']:,} parameters",
-            f"training         ours {t['ours_tokens_per_second']:,.0f} tok/s vs transformers {t['transformers_tokens_per_second']:,.0f} tok/s  (ratio {t['ratio']:.2f}, goal >= 1.0)",
-            f"loading          ours (sha256 + safetensors) {l['ours_safetensors_verified_seconds'] * 1000:.1f} ms vs torch.load .pt {l['torch_load_pt_seconds'] * 1000:.1f} ms",
+            f"training         ours {t['ours_tokens_per_second']:,.0f} tok/s vs transformers "
+            f"{t['transformers_tokens_per_second']:,.0f} tok/s  (ratio {t['ratio']:.2f}, goal >= 1.0)",
+            "loading          ours (sha256 + safetensors) "
+            f"{l['ours_safetensors_verified_seconds'] * 1000:.1f} ms vs torch.load .pt {l['torch_load_pt_seconds'] * 1000:.1f} ms",
         ]
     )

@@ -8,18 +8,20 @@ quarantined record naming the byte range, and carry on after it.
 Gzip files are read member by member (concatenated gzip, as bgzip and `cat a.gz b.gz`
 write them). A first pass decodes every member and checks its CRC, so a member whose data
 fails its checksum is never read as clean text: each of its lines is quarantined on its own
-(SuspectBytes); data before a member's decode error or truncation point is kept. After damage, reading resumes at the next position that
-holds a whole, CRC-verified gzip member. Trailing zero bytes are ignored, as GNU gzip does.
+(SuspectBytes); data before a member's decode error or truncation point is kept. After
+damage, reading resumes at the next position that holds a whole, CRC-verified gzip member.
+Trailing zero bytes are ignored, as GNU gzip does.
 Output is produced in bounded chunks (`max_length`), so a small bomb never expands in memory.
 """
 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 IN_CHUNK = 1 << 20
 OUT_CHUNK = 1 << 20
@@ -124,21 +126,28 @@ class ByteSource:
                             position,
                             size,
                             produced,
-                            f"compressed bytes {position}-{size} not read: over data.max_file_bytes ({self.limit}) decompressed",
+                            f"compressed bytes {position}-{size} not read: over data.max_file_bytes "
+                            f"({self.limit}) decompressed",
                         )
                     )
                     break
                 total += produced
                 if error.startswith(_CHECKSUM_ERRORS):
                     # Decoded to its end, but some byte is wrong: keep every line, each quarantined.
-                    why = f"gzip member at compressed bytes {position}-{member_end} fails its CRC check ({error}): this line may be corrupt"
+                    why = (
+                        f"gzip member at compressed bytes {position}-{member_end} fails its CRC check ({error}): "
+                        "this line may be corrupt"
+                    )
                     segments.append(_Segment(position, member_end, produced, None, why))
                     position = member_end  # whatever follows is read (or marked) like any other member
                     continue
                 resume = _next_member(handle, position + 1, size, budget)
                 end = size if resume is None else resume
                 # Deflate output before the point of damage comes from undamaged input: kept.
-                why = f"gzip member at compressed bytes {position}-{end} is damaged after {produced} decompressed bytes: {error}"
+                why = (
+                    f"gzip member at compressed bytes {position}-{end} is damaged after {produced} "
+                    f"decompressed bytes: {error}"
+                )
                 segments.append(_Segment(position, end, produced, why))
                 if resume is None:
                     break

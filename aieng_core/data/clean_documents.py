@@ -13,8 +13,9 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import pyarrow as pa
 
@@ -131,7 +132,8 @@ class PartitionCleaner:
                 reject(
                     record,
                     reasons.TOO_LONG,
-                    f"{len(result['text'])} characters before cleaning, over {NFC_MAX_SHRINK} x max_chars ({self.config.max_chars})",
+                    f"{len(result['text'])} characters before cleaning, over {NFC_MAX_SHRINK} x max_chars "
+                    f"({self.config.max_chars})",
                 )
                 continue
             try:
@@ -213,7 +215,8 @@ def clean_partition(
             tally = {"name": name, **landed.tally()}
             if tally["expected"] != tally["read"]:
                 logger.error(
-                    f"{label}: {name}: read {tally['read']} records but the file holds {tally['expected']} ({tally['count_source']})"
+                    f"{label}: {name}: read {tally['read']} records but the file holds {tally['expected']} "
+                    f"({tally['count_source']})"
                 )
             tallies.append(tally)
 

@@ -97,7 +97,8 @@ _INVISIBLE_RANGES = (
     "\u115f-\u1160\u1680\u17b4-\u17b5\u180b-\u180f"  # Hangul fillers, ogham space, Khmer, Mongolian
     "\u2000-\u200f\u2028-\u202f\u205f-\u206f"  # spaces, zero-width, bidi controls, word joiner
     "\u3000\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb"  # ideographic space, fillers, variation selectors, BOM
-    "\U000110bd\U000110cd\U00013430-\U00013438\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"  # Kaithi, hieroglyph, shorthand, music format
+    # Kaithi, Egyptian hieroglyph, shorthand and musical format controls
+    "\U000110bd\U000110cd\U00013430-\U00013438\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
     "\U000e0000-\U000e0fff"  # tags, variation selectors supplement
 )
 _VISIBLE = re.compile(f"[^{_INVISIBLE_RANGES}]")

@@ -12,12 +12,15 @@ row), and each failing row is mapped to its quarantine reason.
 from __future__ import annotations
 
 import unicodedata
-from typing import Annotated, Any
-
-from typing_extensions import NotRequired, TypedDict  # pydantic needs this TypedDict on Python < 3.12
+from typing import (
+    Annotated,
+    Any,
+    NotRequired,  # pydantic needs this TypedDict on Python < 3.12
+)
 
 from pydantic import AfterValidator, ConfigDict, TypeAdapter, ValidationError, with_config
 from pydantic_core import PydanticCustomError
+from typing_extensions import TypedDict
 
 from aieng_core.data import reasons
 from aieng_core.data.cleaning import ExcessiveCombiningMarks, check_combining_marks, is_blank

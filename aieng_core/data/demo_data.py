@@ -22,10 +22,10 @@ it runs out) and plant the dirty rows of the format they cycle to: EXPECTED_DIRT
 
 from __future__ import annotations
 
+import ast
 import csv
 import datetime as dt
 import gzip
-import ast
 import importlib.util
 import io
 import json

@@ -10,7 +10,8 @@ to the gap's record.
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, NamedTuple
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple
 
 import numpy as np
 

@@ -22,9 +22,9 @@ from typing import Any, BinaryIO
 
 from aieng_core import asset_keys
 from aieng_core.config import AiengConfig
+from aieng_core.data.readers import DATA_SUFFIXES, is_data_file
 from aieng_core.hashing import CHUNK_BYTES, sha256_json, sha256_stream
 from aieng_core.home import raw_partition_dir
-from aieng_core.data.readers import DATA_SUFFIXES, is_data_file
 from aieng_core.store import Artifact, ArtifactIntegrityError, ArtifactSpec, ArtifactStore, Produced, RunInfo
 
 KIND = asset_keys.RAW_DOCUMENTS
@@ -81,7 +81,8 @@ def landed_files(home: Path, partition: str) -> tuple[list[Path], list[str]]:
     folder = raw_partition_dir(home, partition)
     if not folder.is_dir():
         raise MissingPartitionData(
-            f"raw partition folder {folder} does not exist; land {', '.join('*' + s for s in DATA_SUFFIXES)} files there"
+            f"raw partition folder {folder} does not exist; land {', '.join('*' + s for s in DATA_SUFFIXES)} "
+            "files there"
         )
     entries = sorted(folder.iterdir())
     data = [p for p in entries if stat.S_ISREG(p.lstat().st_mode) and is_data_file(p.name)]

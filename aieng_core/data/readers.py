@@ -19,10 +19,11 @@ import csv
 import datetime as dt
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -58,7 +59,7 @@ class ReadLimits:
     batch_bytes: int = 64 << 20
 
     @classmethod
-    def from_config(cls, data: Any) -> "ReadLimits":
+    def from_config(cls, data: Any) -> ReadLimits:
         return cls(
             data.max_record_bytes,
             data.max_file_bytes,
@@ -161,7 +162,10 @@ def _decode(data: bytes, codec: str | None, limits: ReadLimits) -> Decoded:
 
 
 def _too_large(name: str, number: int, line: Line, limits: ReadLimits, what: str = "line") -> RawRecord:
-    detail = f"{what} is {line.size} bytes, over data.max_record_bytes ({limits.max_record_bytes}); raw keeps its first {KEEP_BYTES} bytes"
+    detail = (
+        f"{what} is {line.size} bytes, over data.max_record_bytes ({limits.max_record_bytes}); "
+        f"raw keeps its first {KEEP_BYTES} bytes"
+    )
     return RawRecord(name, number, line.data, None, reasons.RECORD_TOO_LARGE, detail)
 
 
@@ -319,7 +323,7 @@ class _CsvLines:
         self.lines_seen = 0
         self.pending: LineGap | None = None  # a gap met while skipping an oversized record
 
-    def __iter__(self) -> "_CsvLines":
+    def __iter__(self) -> _CsvLines:
         return self
 
     def __next__(self) -> str:
@@ -392,9 +396,7 @@ class _CsvLines:
         return taken
 
 
-def _header_record(
-    name: str, line: int, raw: bytes, problem: tuple[str, str], landed: "LandedFile | None"
-) -> RawRecord:
+def _header_record(name: str, line: int, raw: bytes, problem: tuple[str, str], landed: LandedFile | None) -> RawRecord:
     """An unusable header is quarantined as a record of its own, so that a file whose
     content never gets past its header (e.g. one line ended by lone CRs) is not lost
     silently; the tally counts it."""
@@ -404,7 +406,7 @@ def _header_record(
 
 
 def read_csv(
-    source: ByteSource, name: str, limits: ReadLimits, landed: "LandedFile | None" = None
+    source: ByteSource, name: str, limits: ReadLimits, landed: LandedFile | None = None
 ) -> Iterator[RawRecord]:
     """One record per data row; the first non-blank line is the header naming the columns.
 

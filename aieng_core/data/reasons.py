@@ -9,7 +9,8 @@ WRONG_TYPE = "wrong_type"  # a field of the wrong type, e.g. a numeric id
 DUPLICATE_FIELD = "duplicate_field"  # a contract field given twice (repeated JSON key or column name)
 INVALID_ID = "invalid_id"  # an id over 1,024 characters or with a run of more than 30 combining marks
 RECORD_TOO_LARGE = "record_too_large"  # a record over data.max_record_bytes, rejected before parsing
-UNREADABLE = "unreadable"  # bytes or rows that cannot be read (damaged gzip range, damaged Parquet page, over data.max_file_bytes)
+# bytes or rows that cannot be read (damaged gzip range, damaged Parquet page, over data.max_file_bytes)
+UNREADABLE = "unreadable"
 EMPTY_TEXT = "empty_text"  # text empty, or only whitespace and invisible characters, after cleaning
 EXCESSIVE_COMBINING_MARKS = (
     "excessive_combining_marks"  # a run of more than 30 combining marks (Unicode stream-safe limit)

@@ -8,8 +8,8 @@ over the raw code units, Parquet files from their footers.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import numpy as np
 import pyarrow.parquet as pq

@@ -31,7 +31,8 @@ def partition_report(store: ArtifactStore, partition: str) -> dict[str, Any]:
 def format_report(report: dict[str, Any]) -> str:
     lines = [
         f"partition {report['partition']} (clean_documents {report['artifact_id']})",
-        f"  rows landed       {report['rows_expected'] if report['rows_expected'] is not None else '?':>9}  (counted without the parsers)",
+        f"  rows landed       {report['rows_expected'] if report['rows_expected'] is not None else '?':>9}  "
+        "(counted without the parsers)",
         f"  rows in           {report['rows_in']:>9}",
         f"  rows clean        {report['rows_clean']:>9}",
         f"  rows quarantined  {report['rows_quarantined']:>9}",

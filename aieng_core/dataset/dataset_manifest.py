@@ -61,8 +61,10 @@ def build_dataset_manifest(
         first, last = min(stale), max(stale)
         reasons = [why for p in sorted(stale) for why in stale[p]]
         raise StaleTokenization(
-            f"partitions {', '.join(sorted(stale))} were not tokenized from the current clean_documents with the current "
-            f"tokenizer ({tokenizer.id}): {'; '.join(reasons[:6])}{'; ...' if len(reasons) > 6 else ''}. Re-materialize "
+            f"partitions {', '.join(sorted(stale))} were not tokenized from the current clean_documents with "
+            "the current "
+            f"tokenizer ({tokenizer.id}): {'; '.join(reasons[:6])}{'; ...' if len(reasons) > 6 else ''}. "
+            "Re-materialize "
             f"tokenized_documents for them, e.g. `dagster asset materialize -m orchestration.definitions "
             f"--select tokenized_documents --partition-range {first}...{last}`"
         )

@@ -14,6 +14,6 @@ METHOD = "sha256(seed + NUL + id)[:8] as a fraction of 2**64 < validation_fracti
 
 
 def split_of(doc_id: str, validation_fraction: float, seed: str) -> str:
-    digest = hashlib.sha256(f"{seed}\0{doc_id}".encode("utf-8")).digest()
+    digest = hashlib.sha256(f"{seed}\0{doc_id}".encode()).digest()
     position = int.from_bytes(digest[:8], "big") / 2**64
     return VALIDATION if position < validation_fraction else TRAIN

@@ -18,9 +18,9 @@ from safetensors.torch import load_file, save_file
 
 from aieng_core.hashing import sha256_file
 from aieng_core.model.llama import LlamaConfig, LlamaForCausalLM
+from aieng_core.model.weights import load_into, unique_state_dict
 from aieng_core.store import Artifact, ArtifactIntegrityError
 from aieng_core.store.artifacts import MANIFEST
-from aieng_core.model.weights import load_into, unique_state_dict
 
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"

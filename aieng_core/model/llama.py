@@ -61,7 +61,7 @@ class LlamaConfig:
         }
 
     @classmethod
-    def from_hf_dict(cls, data: dict) -> "LlamaConfig":
+    def from_hf_dict(cls, data: dict) -> LlamaConfig:
         fields = {name: data[name] for name in cls.__dataclass_fields__ if name in data}
         if "rope_theta" not in data and "rope_parameters" in data:
             fields["rope_theta"] = data["rope_parameters"]["rope_theta"]

@@ -15,5 +15,8 @@ def head_shape_problem(hidden_size: int, num_attention_heads: int, num_key_value
             f"num_attention_heads {num_attention_heads} is not divisible by num_key_value_heads {num_key_value_heads}"
         )
     if (hidden_size // num_attention_heads) % 2:
-        return f"the head dimension must be even for rotary embeddings (hidden_size / num_attention_heads = {hidden_size // num_attention_heads})"
+        return (
+            "the head dimension must be even for rotary embeddings "
+            f"(hidden_size / num_attention_heads = {hidden_size // num_attention_heads})"
+        )
     return None

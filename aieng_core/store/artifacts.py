@@ -19,10 +19,11 @@ import os
 import re
 import stat
 import subprocess
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from aieng_core.hashing import canonical_json, sha256_file, sha256_json
 from aieng_core.store.atomic import atomic_directory, atomic_write_bytes
@@ -212,7 +213,7 @@ def git_commit() -> str | None:
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 class ArtifactStore:
@@ -300,7 +301,8 @@ class ArtifactStore:
             partition = artifact.manifest.get("partition")
             raise DamagedInput(
                 f"input {artifact.kind} artifact {artifact.id} is damaged ({'; '.join(problems[:3])}"
-                f"{'; ...' if len(problems) > 3 else ''}); rebuild it with `{rebuild_command(artifact.kind, partition)}`, then retry"
+                f"{'; ...' if len(problems) > 3 else ''}); rebuild it with "
+                f"`{rebuild_command(artifact.kind, partition)}`, then retry"
             )
         return artifact
 

@@ -10,8 +10,9 @@ a retrain over unchanged inputs finds the identical artifact and reuses it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from aieng_core import asset_keys
 from aieng_core.config import AiengConfig
@@ -115,7 +116,8 @@ def build_bpe_tokenizer(
     def produce(staging: Path) -> Produced:
         progress = Progress(logger, KIND)
         progress.update(
-            f"training a {config.tokenizer.vocab_size}-token BPE on {train_chars:,} characters from {len(partitions)} partitions",
+            f"training a {config.tokenizer.vocab_size}-token BPE on {train_chars:,} characters from "
+            f"{len(partitions)} partitions",
             force=True,
         )
         for artifact in cleaned:

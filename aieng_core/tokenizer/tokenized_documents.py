@@ -39,7 +39,8 @@ def refuse_stray_specials(flat: np.ndarray, offsets: np.ndarray, specials: np.nd
         rows = np.unique(np.searchsorted(offsets, np.flatnonzero(stray), side="right") - 1)
         named = ", ".join(repr(ids[row]) for row in rows[:5])
         raise RuntimeError(
-            f"special token ids inside the text of {len(rows)} documents ({named}); the tokenizer must encode document text as text"
+            f"special token ids inside the text of {len(rows)} documents ({named}); the tokenizer must encode "
+            "document text as text"
         )
 
 

@@ -12,8 +12,9 @@ import json
 import logging
 import math
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from aieng_core import asset_keys
 from aieng_core.config import AiengConfig

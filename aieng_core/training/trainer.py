@@ -14,9 +14,10 @@ import logging
 import math
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -251,7 +252,8 @@ def _train(
                 "tokens_per_second": rate,
             }
             logger.info(
-                f"step {step}/{config.max_steps}  loss {loss.item():.4f}  lr {lr:.2e}  {rate:,.0f} tok/s  ETA {eta:,.0f}s"
+                f"step {step}/{config.max_steps}  loss {loss.item():.4f}  lr {lr:.2e}  {rate:,.0f} tok/s  ETA "
+                f"{eta:,.0f}s"
             )
             window_start, window_tokens = now, 0
         if step % config.eval_every == 0 or step == config.max_steps:

@@ -2,9 +2,9 @@
 
 import dagster as dg
 
+from aieng_core.store import Artifact
 from aieng_core.tokenizer import bpe_tokenizer as tokenizer_artifact
 from aieng_core.tokenizer import tokenized_documents as tokenized
-from aieng_core.store import Artifact
 from orchestration.assets.data import clean_documents
 from orchestration.metadata import materialize_one, materialize_partitions, run_info
 from orchestration.partitions import daily_partitions, single_run

@@ -17,7 +17,7 @@ from aieng_core.data.raw_documents import build_raw_documents
 from aieng_core.data.tables import CLEAN_FILE, CLEAN_SCHEMA, QUARANTINE_FILE, QUARANTINE_SCHEMA
 from aieng_core.store import ArtifactStore
 from tests.conftest import DEMO_PARTITIONS, land
-from tests.core.helpers import BuiltHome, clean_files, json_line, jsonl, read_table
+from tests.core.helpers import BuiltHome, clean_files, jsonl, read_table
 
 CONFIG = DataConfig(min_chars=10, max_chars=60, batch_rows=4)
 GOOD = {"id": "good", "text": "A perfectly good document."}

@@ -62,3 +62,24 @@ def test_lock_refuses_to_give_a_version_another_source(tmp_path: Path, monkeypat
         "model_checkpoint",
     }
     assert lock_copy.read_bytes() == before  # nothing recorded
+
+
+def test_a_same_behaviour_edit_is_recorded_only_when_claimed(tmp_path: Path, monkeypatch) -> None:
+    copy = copy_package(tmp_path)
+    bpe = copy / "tokenizer" / "bpe.py"
+    bpe.write_text(bpe.read_text(encoding="utf-8") + "\nEXTRA = 1\n", encoding="utf-8")
+    lock_copy = tmp_path / "code_versions.json"
+    shutil.copy(code_versions.LOCK_FILE, lock_copy)
+    monkeypatch.setattr(code_versions, "PACKAGE", copy)
+    monkeypatch.setattr(code_versions, "LOCK_FILE", lock_copy)
+    before = code_versions.read_lock()
+    assert code_versions.lock(same_behaviour=True) == []
+    after = code_versions.read_lock()
+    assert code_versions.problems() == []
+    version = code_versions.current_versions()["bpe_tokenizer"]
+    # The original hash stays; the edit's hash is added beside it.
+    assert after["bpe_tokenizer"][version] == [
+        *before["bpe_tokenizer"][version],
+        code_versions.source_sha256("bpe_tokenizer"),
+    ]
+    assert after["clean_documents"] == before["clean_documents"]

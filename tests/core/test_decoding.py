@@ -26,8 +26,8 @@ ZH = "数据管道每天凌晨读取新落地的原始文本。"
         (b"nul as Java writes it: \xc0\x80", "ambiguous_encoding"),  # overlong UTF-8
         (b"overlong slash \xe0\x80\xaf", "undecodable"),
         (b"\xff\xfe\xff not text", "undecodable"),
-        ("cut off inside 中".encode("utf-8")[:-1], "undecodable"),  # would be GB18030 "涓"
-        ("数据管道每天凌晨读取".encode("utf-8").replace(b"\xe6\xaf\x8f", b"\xe6\xaf\xff"), "undecodable"),
+        ("cut off inside 中".encode()[:-1], "undecodable"),  # would be GB18030 "涓"
+        ("数据管道每天凌晨读取".encode().replace(b"\xe6\xaf\x8f", b"\xe6\xaf\xff"), "undecodable"),
     ],
 )
 def test_wrong_or_ambiguous_bytes_never_become_text(data: bytes, reason: str) -> None:
@@ -56,7 +56,7 @@ def test_a_configured_fallback_is_the_users_word() -> None:
 
 
 def test_utf8_wins_even_when_gb18030_would_also_decode() -> None:
-    assert decode_unit("中文中文".encode("utf-8"))[:2] == ("中文中文", "utf-8")
+    assert decode_unit("中文中文".encode())[:2] == ("中文中文", "utf-8")
 
 
 def test_plausibility_rule() -> None:

@@ -30,7 +30,10 @@ def test_demo_bytes_do_not_depend_on_the_calling_process(tmp_path: Path) -> None
     changes the data version. A fresh interpreter must land exactly what this one lands.
     """
     land_demo_data(tmp_path / "here")
-    script = "import sys; from pathlib import Path; from aieng_core.data.demo_data import land_demo_data; land_demo_data(Path(sys.argv[1]))"
+    script = (
+        "import sys; from pathlib import Path; from aieng_core.data.demo_data import land_demo_data; "
+        "land_demo_data(Path(sys.argv[1]))"
+    )
     subprocess.run([sys.executable, "-c", script, str(tmp_path / "fresh")], cwd=REPO_ROOT, check=True, timeout=120)
     here, fresh = landed_bytes(tmp_path / "here"), landed_bytes(tmp_path / "fresh")
     assert sorted(here) == sorted(fresh)

@@ -183,7 +183,7 @@ def _independent_streams(store: ArtifactStore, dataset: Artifact) -> tuple[list[
     for partition in DEMO_PARTITIONS:
         tokenized = store.get("tokenized_documents", manifest["artifacts"][partition])
         for row in pq.read_table(tokenized.file("tokens.parquet"), columns=["id", "input_ids"]).to_pylist():
-            digest = hashlib.sha256(f"{seed}\0{row['id']}".encode("utf-8")).digest()
+            digest = hashlib.sha256(f"{seed}\0{row['id']}".encode()).digest()
             side = validation if int.from_bytes(digest[:8], "big") / 2**64 < fraction else train
             side.extend(row["input_ids"])
     return train, validation

@@ -86,7 +86,7 @@ def test_utf16_csv_with_bom(tmp_path: Path, variant: str) -> None:
     assert result.texts() == {"a": EN, "b": ZH}
     assert result.reasons == {"malformed_row": 1}
     assert result.quarantine[0]["line"] == 4
-    assert result.quarantine[0]["raw"] == "c,too,many,x".encode("utf-8")
+    assert result.quarantine[0]["raw"] == b"c,too,many,x"
 
 
 # ---- GBK --------------------------------------------------------------------------------
@@ -124,10 +124,10 @@ def test_undecodable_jsonl_line_is_quarantined_with_its_bytes(tmp_path: Path) ->
 
 
 def test_csv_rows_mixing_encodings_are_decoded_row_by_row(tmp_path: Path) -> None:
-    utf8_row = f"u1,{ZH} x,zh\n".encode("utf-8")
+    utf8_row = f"u1,{ZH} x,zh\n".encode()
     gbk_row = f"g1,{ZH2},zh\n".encode("gbk")
     bad_row = b"b1,\xff\xfe broken bytes here,en\n"
-    data = b"id,text,lang\n" + utf8_row + gbk_row + bad_row + f'u2,"{EN}",de\n'.encode("utf-8")
+    data = b"id,text,lang\n" + utf8_row + gbk_row + bad_row + f'u2,"{EN}",de\n'.encode()
     result = clean_files(tmp_path, {"mixed.csv": data}, CONFIG)
     assert result.metrics["rows_in"] == 4
     assert result.texts() == {"u1": f"{ZH} x", "g1": ZH2, "u2": EN}
@@ -142,7 +142,7 @@ def test_csv_mixing_utf8_and_gbk_rows_keeps_the_utf8_rows_intact(tmp_path: Path)
     "中文" in UTF-8 (e4 b8 ad e6 96 87) is also valid GB18030 ("涓枃"), so the whole file
     decodes as GB18030; picking that per-file encoding silently garbles every UTF-8 row.
     """
-    data = b"id,text\n" + "u1,中文中文中文中文\n".encode("utf-8") + f"g1,{ZH2}\n".encode("gbk")
+    data = b"id,text\n" + "u1,中文中文中文中文\n".encode() + f"g1,{ZH2}\n".encode("gbk")
     result = clean_files(tmp_path, {"mixed.csv": data}, CONFIG)
     assert result.texts() == {"u1": "中文中文中文中文", "g1": ZH2}
 
@@ -150,7 +150,7 @@ def test_csv_mixing_utf8_and_gbk_rows_keeps_the_utf8_rows_intact(tmp_path: Path)
 def test_utf8_bom_csv_with_a_gbk_row_keeps_its_header(tmp_path: Path) -> None:
     """A UTF-8-with-BOM CSV with one legacy GBK row: the row-by-row path must drop the BOM
     from the header too, or the "id" column is never found and every row is missing_field."""
-    data = codecs.BOM_UTF8 + b"id,text\n" + f"u1,{ZH} x\n".encode("utf-8") + f"g1,{ZH2}\n".encode("gbk")
+    data = codecs.BOM_UTF8 + b"id,text\n" + f"u1,{ZH} x\n".encode() + f"g1,{ZH2}\n".encode("gbk")
     result = clean_files(tmp_path, {"bom-mixed.csv": data}, CONFIG)
     assert result.reasons == {}
     assert result.texts() == {"u1": f"{ZH} x", "g1": ZH2}
@@ -273,7 +273,7 @@ def test_bom_dispatch_and_strict_decoding() -> None:
     assert bom_encoding(codecs.BOM_UTF16_BE + b"\x00x") == ("utf-16-be", 2)
     assert bom_encoding(codecs.BOM_UTF32_LE + b"x") == ("utf-32-le", 4)
     assert bom_encoding(b"plain") is None
-    assert decode_unit("中文".encode("utf-8"))[:2] == ("中文", "utf-8")
+    assert decode_unit("中文".encode())[:2] == ("中文", "utf-8")
     assert decode_unit(ZH.encode("gbk"))[:2] == (ZH, "gb18030")
     assert decode_unit(b"\xff").reason == "undecodable"
 

@@ -10,8 +10,7 @@ from tokenizers import Tokenizer, normalizers
 
 from aieng_core.config import TokenizerConfig
 from aieng_core.data.clean_documents import KIND as CLEAN_KIND
-from aieng_core.data.tables import CLEAN_FILE
-from aieng_core.data.tables import num_rows
+from aieng_core.data.tables import CLEAN_FILE, num_rows
 from aieng_core.hashing import sha256_json
 from aieng_core.store import ArtifactNotFound, ArtifactSpec, ArtifactStore, Produced
 from aieng_core.tokenizer.bpe import (

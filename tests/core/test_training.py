@@ -6,9 +6,9 @@ from __future__ import annotations
 import io
 import math
 import tokenize
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Iterator
 
 import numpy as np
 import pytest

@@ -219,6 +219,7 @@ def test_skipped_entries_are_listed_and_never_read(run: Run) -> None:
 def test_peak_memory_is_bounded(run: Run) -> None:
     _succeeded(run)
     print(
-        f"\npeak RSS of `dagster asset materialize`: {run.peak_rss / (1 << 20):,.0f} MiB (limit {PEAK_RSS_LIMIT / (1 << 20):,.0f} MiB)"
+        f"\npeak RSS of `dagster asset materialize`: {run.peak_rss / (1 << 20):,.0f} MiB (limit "
+        f"{PEAK_RSS_LIMIT / (1 << 20):,.0f} MiB)"
     )
     assert run.peak_rss < PEAK_RSS_LIMIT

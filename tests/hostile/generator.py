@@ -19,11 +19,12 @@ import os
 import struct
 import zlib
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import islice, product
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -97,7 +98,8 @@ class Case:
         quarantined = sum(self.expected_reasons.values())
         if self.expected_records != quarantined + len(self.expected_clean):
             raise ValueError(
-                f"{self.kind}: {self.expected_records} records != {quarantined} quarantined + {len(self.expected_clean)} clean"
+                f"{self.kind}: {self.expected_records} records != {quarantined} quarantined + "
+                f"{len(self.expected_clean)} clean"
             )
         if any(count <= 0 for count in self.expected_reasons.values()):
             raise ValueError(f"{self.kind}: reason counts must be positive")

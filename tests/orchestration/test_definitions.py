@@ -178,6 +178,9 @@ def test_loading_the_code_location_imports_no_torch_transformers_or_matplotlib()
     import subprocess
     import sys
 
-    script = "import sys, orchestration.definitions; print(sorted(m for m in ('torch', 'transformers', 'matplotlib') if m in sys.modules))"
+    script = (
+        "import sys, orchestration.definitions; "
+        "print(sorted(m for m in ('torch', 'transformers', 'matplotlib') if m in sys.modules))"
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout.strip() == "[]"

@@ -3,7 +3,7 @@ tokenizer and the old days' artifacts alone while the dataset grows."""
 
 from __future__ import annotations
 
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 import dagster as dg
@@ -35,9 +35,9 @@ def tick(instance: dg.DagsterInstance, when: datetime) -> list[dg.RunRequest]:
 @pytest.mark.parametrize(
     ("when", "partition"),
     [
-        (datetime(2026, 1, 5, 1, 0, tzinfo=timezone.utc), "2026-01-04"),
-        (datetime(2026, 1, 2, 1, 0, tzinfo=timezone.utc), "2026-01-01"),
-        (datetime(2026, 3, 1, 1, 0, tzinfo=timezone.utc), "2026-02-28"),
+        (datetime(2026, 1, 5, 1, 0, tzinfo=UTC), "2026-01-04"),
+        (datetime(2026, 1, 2, 1, 0, tzinfo=UTC), "2026-01-01"),
+        (datetime(2026, 3, 1, 1, 0, tzinfo=UTC), "2026-02-28"),
     ],
 )
 def test_schedule_requests_the_previous_day(when: datetime, partition: str) -> None:
@@ -61,7 +61,7 @@ def test_new_day_keeps_the_tokenizer_and_old_partitions(demo_home: Path) -> None
         manifest_before = store.require_current("dataset_manifest")
 
         land_demo_data(demo_home, start_date=date(2026, 1, 4), days=1)
-        [request] = tick(instance, datetime(2026, 1, 5, 1, 0, tzinfo=timezone.utc))
+        [request] = tick(instance, datetime(2026, 1, 5, 1, 0, tzinfo=UTC))
         assert request.partition_key == NEW_DAY
         result = job.execute_in_process(instance=instance, partition_key=request.partition_key, tags=request.tags)
 
