@@ -68,7 +68,7 @@ STAGE_SOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
             "training/trainer.py",
             "training/corpus.py",
             "model/llama.py",
-            "model/checkpoint.py",
+            "model/hf_files.py",
             "model/weights.py",
             "model/memory.py",
             "model/shape.py",

@@ -130,7 +130,7 @@ ALL_CHECKS = [
 
 @dg.asset_check(asset=model_checkpoint, blocking=True, description="Every weight is finite: no NaN or inf.")
 def weights_finite(aieng: AiengResource) -> dg.AssetCheckResult:
-    from aieng_core.model.checkpoint import non_finite_tensors  # torch: imported only when a model check runs
+    from aieng_core.model.hf_files import non_finite_tensors  # torch: imported only when a model check runs
 
     artifact = aieng.store().require_current(model_checkpoint.key.to_user_string())
     bad = non_finite_tensors(artifact)
@@ -153,7 +153,7 @@ def beats_unigram_baseline(aieng: AiengResource) -> dg.AssetCheckResult:
     asset=model_checkpoint, blocking=True, description="The weights hold exactly the parameters the config implies."
 )
 def parameter_count_matches_config(aieng: AiengResource) -> dg.AssetCheckResult:
-    from aieng_core.model.checkpoint import checkpoint_config, stored_parameters
+    from aieng_core.model.hf_files import checkpoint_config, stored_parameters
     from aieng_core.model.llama import expected_parameters
 
     artifact = aieng.store().require_current(model_checkpoint.key.to_user_string())

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from aieng_core.config import load_config
 from aieng_core.hashing import sha256_file
-from aieng_core.model.checkpoint import CONFIG_FILE, MODEL_FILE, load_model, save_model_dir
+from aieng_core.model.hf_files import CONFIG_FILE, MODEL_FILE, load_model, save_model_dir
 from aieng_core.model.llama import LlamaConfig, LlamaForCausalLM
 from aieng_core.model.weights import unique_state_dict
 from aieng_core.store import Artifact

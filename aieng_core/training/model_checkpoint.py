@@ -65,7 +65,7 @@ def build_model_checkpoint(
     logger: Any = log,
     on_step: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> Artifact:
-    from aieng_core.model.checkpoint import CONFIG_FILE, GENERATION_CONFIG_FILE, MODEL_FILE, save_model_dir
+    from aieng_core.model.hf_files import CONFIG_FILE, GENERATION_CONFIG_FILE, MODEL_FILE, save_model_dir
     from aieng_core.training.corpus import split_token_streams, unigram_cross_entropy
     from aieng_core.training.plot import loss_curve_png
     from aieng_core.training.trainer import pick_device, train

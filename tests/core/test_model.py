@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import transformers
 from safetensors.torch import load_file
 
-from aieng_core.model.checkpoint import CONFIG_FILE, GENERATION_CONFIG_FILE, MODEL_FILE, save_model_dir
+from aieng_core.model.hf_files import CONFIG_FILE, GENERATION_CONFIG_FILE, MODEL_FILE, save_model_dir
 from aieng_core.model.llama import LlamaConfig, LlamaForCausalLM, expected_parameters
 from aieng_core.model.memory import memory_budget
 from aieng_core.model.weights import load_into, unique_state_dict

@@ -26,7 +26,7 @@ from aieng_core.cli import main
 from aieng_core.config import AiengConfig, load_config
 from aieng_core.dataset.dataset_manifest import read_dataset
 from aieng_core.hashing import sha256_file
-from aieng_core.model.checkpoint import (
+from aieng_core.model.hf_files import (
     CONFIG_FILE,
     MODEL_FILE,
     checkpoint_config,

@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 
 from aieng_core.data.demo_data import land_demo_data
 from aieng_core.hashing import sha256_file, sha256_json
-from aieng_core.model.checkpoint import CONFIG_FILE, MODEL_FILE, checkpoint_config
+from aieng_core.model.hf_files import CONFIG_FILE, MODEL_FILE, checkpoint_config
 from aieng_core.model.llama import expected_parameters
 from aieng_core.store import Artifact, ArtifactSpec, ArtifactStore, Produced
 from aieng_core.training import model_checkpoint as model_core

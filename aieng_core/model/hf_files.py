@@ -1,4 +1,7 @@
-"""Model files in Hugging Face layout, and loading them back safely.
+"""Model files in Hugging Face layout: saving a model as a directory, and loading it back safely.
+
+This is the model's own save/load; the model_checkpoint asset's builder, which trains and
+publishes such a directory, is aieng_core/training/model_checkpoint.py.
 
 The artifact directory is what `transformers.AutoModelForCausalLM.from_pretrained(dir)` and
 `AutoTokenizer.from_pretrained(dir)` read. Loading is safetensors only, memory-mapped, after
