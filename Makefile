@@ -11,14 +11,15 @@ export DAGSTER_HOME ?= $(AIENG_HOME)/dagster
 DEMO_RANGE ?= 2026-01-01...2026-01-03
 PYTEST_ARGS ?=
 
-.PHONY: install run dev test bench clean-state
+.PHONY: install run dev lint test bench lock clean-state
 
 # torch first, pinned to the CPU build on local disk: a bare `torch` pulls a multi-GB CUDA build.
-$(VENV)/.installed: pyproject.toml
+# constraints.txt pins every package to the versions the tests last passed with.
+$(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt torch==2.13.0
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -37,14 +38,25 @@ run: install $(DAGSTER_HOME)/dagster.yaml
 dev: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
-## test: set up and run the whole test suite
-test: install
+## lint: formatting, lint rules (incl. the import boundaries) and types; `make test` runs it first
+lint: install
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+## test: set up, lint, and run the whole test suite
+test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## bench: side-by-side benchmarks, JSON results in bench-results/
 bench: install
 	$(BIN)/aieng bench data --out bench-results/data.json
 	$(BIN)/aieng bench model --out bench-results/model.json
+
+## lock: re-pin constraints.txt to what the venv has now (after changing dependencies)
+lock: install
+	{ sed -n '1,2p' constraints.txt; $(BIN)/python -m pip freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu$$/torch==\1/'; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 
 ## clean-state: remove $(AIENG_HOME) (artifacts, landed data, Dagster runs)
 clean-state:

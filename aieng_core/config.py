@@ -15,6 +15,7 @@ from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
 from aieng_core.hashing import sha256_json
 from aieng_core.model.shape import head_shape_problem
@@ -168,7 +169,7 @@ def resolve_config_path(path: str | os.PathLike | None = None) -> Path:
     return candidate.resolve()
 
 
-def _format_error(error: dict) -> str:
+def _format_error(error: ErrorDetails) -> str:
     key = ".".join(str(part) for part in error["loc"]) or "<top level>"
     if error["type"] == "extra_forbidden":
         return f"{key}: unknown key"

@@ -15,7 +15,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 
@@ -115,7 +115,10 @@ class PartitionCleaner:
             quarantine["raw"].append(record.raw)
 
         self.rows_in += len(batch)
-        results = iter(self.validate([record.fields for record in batch if record.reason is None]))
+        # A record without a reason always has its fields (RawRecord's invariant).
+        results = iter(
+            self.validate([cast(dict[str, Any], record.fields) for record in batch if record.reason is None])
+        )
         for record in batch:
             if record.reason is not None:
                 reject(record, record.reason, record.detail or "")

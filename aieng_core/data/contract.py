@@ -19,7 +19,7 @@ from typing import (
 )
 
 from pydantic import AfterValidator, ConfigDict, TypeAdapter, ValidationError, with_config
-from pydantic_core import PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError
 from typing_extensions import TypedDict
 
 from aieng_core.data import reasons
@@ -58,7 +58,7 @@ class Document(TypedDict):
 _BATCH = TypeAdapter(list[Document])
 
 
-def _reason(error: dict[str, Any]) -> tuple[str, str]:
+def _reason(error: ErrorDetails) -> tuple[str, str]:
     field = ".".join(str(part) for part in error["loc"][1:]) or "record"
     kind = error["type"]
     if kind == "missing" or (error.get("input") is None and kind.endswith("_type")):
@@ -76,18 +76,18 @@ def _without_empty_optionals(record: dict[str, Any]) -> dict[str, Any]:
     return {key: (None if key in OPTIONAL_FIELDS and value == "" else value) for key, value in record.items()}
 
 
-def validate_batch(records: list[dict[str, Any]]) -> list[dict[str, Any] | tuple[str, str]]:
+def validate_batch(records: list[dict[str, Any]]) -> list[Document | tuple[str, str]]:
     """Validate records; each result is the validated document or (reason, detail).
 
     Empty optional fields count as absent, so CSV's empty cells and JSON's "" mean the same.
     """
     records = [_without_empty_optionals(record) for record in records]
     try:
-        return list(_BATCH.validate_python(records))
+        return list[Document | tuple[str, str]](_BATCH.validate_python(records))
     except ValidationError as exc:
         failures: dict[int, tuple[str, str]] = {}
         for error in exc.errors(include_url=False):
-            failures.setdefault(error["loc"][0], _reason(error))
+            failures.setdefault(int(error["loc"][0]), _reason(error))  # loc = (row index, field)
     # Validate the rest once more without the failing rows: pydantic reports errors, not values.
     good = [record for index, record in enumerate(records) if index not in failures]
     validated = iter(_BATCH.validate_python(good))

@@ -11,7 +11,7 @@ to the gap's record.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -41,7 +41,7 @@ class Layout(NamedTuple):
     """How newlines look in a file: the code unit width and byte order, and where text starts."""
 
     width: int = 1  # 1 for UTF-8 and ASCII-compatible encodings, 2 for UTF-16, 4 for UTF-32
-    byteorder: str = "little"
+    byteorder: Literal["little", "big"] = "little"
     skip: int = 0  # a byte-order mark to drop from the start
 
     @property

@@ -123,7 +123,7 @@ def build_raw_documents(
     store: ArtifactStore, config: AiengConfig, partition: str, run: RunInfo = RunInfo(), logger: Any = log
 ) -> Artifact:
     files, ignored = landed_files(store.home, partition)
-    sources = []
+    sources: list[dict[str, Any]] = []
     for path, name in zip(files, snapshot_names(files)):
         with _open_landed(path) as handle:
             sha256, size = sha256_stream(handle)  # size and hash of the same read

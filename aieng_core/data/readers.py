@@ -191,7 +191,7 @@ def _json_object(pairs: list[tuple[str, Any]]) -> _JsonObject:
     value = _JsonObject(pairs)
     if len(value) != len(pairs):
         seen: set[str] = set()
-        value.repeated = frozenset(key for key, _ in pairs if key in seen or seen.add(key))
+        value.repeated = frozenset(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
     return value
 
 
@@ -217,7 +217,7 @@ def json_record(name: str, line: int, raw: bytes, text: str) -> RawRecord:
         return RawRecord(name, line, raw, None, reasons.MALFORMED_JSON, "JSON nested too deeply to parse")
     except ValueError as exc:
         return RawRecord(name, line, raw, None, reasons.MALFORMED_JSON, f"invalid JSON: {exc}")
-    if not isinstance(value, dict):
+    if not isinstance(value, _JsonObject):  # every JSON object is parsed as one (object_pairs_hook)
         return RawRecord(
             name, line, raw, None, reasons.MALFORMED_ROW, f"expected a JSON object, got {type(value).__name__}"
         )
@@ -350,7 +350,7 @@ class _CsvLines:
         decoded = _decode(item.data, self.codec, self.limits)
         if decoded.text is None:
             self._skip_rest_of_record()
-            raise _StopRecord(decoded.reason, f"line {item.number}: {decoded.detail}")
+            raise _StopRecord(decoded.reason or reasons.UNDECODABLE, f"line {item.number}: {decoded.detail}")
         return decoded.text + "\n"
 
     def _structure(self, data: bytes) -> str:
@@ -612,7 +612,10 @@ def _parquet_batch(
     for offset in range(batch.num_rows):
         fields = {field: values[offset] for field, (values, _) in columns.items()}
         raw = _raw_json(fields)
-        failed = next(((field, failures[offset]) for field, (_, failures) in columns.items() if failures[offset]), None)
+        failed = next(
+            ((field, failure) for field, (_, failures) in columns.items() if (failure := failures[offset]) is not None),
+            None,
+        )
         if failed is None:
             records.append(RawRecord(name, first_row + offset, raw, fields))
         else:

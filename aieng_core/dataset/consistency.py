@@ -39,7 +39,7 @@ def tokenized_consistency(store: ArtifactStore) -> dict[str, Any]:
     for partition in partitions:
         tokenized = store.require_current(TOKENIZED_KIND, partition)
         clean = store.require_current(CLEAN_KIND, partition)
-        problems.extend(staleness(store, partition, tokenized, tokenizer and tokenizer.id))
+        problems.extend(staleness(store, partition, tokenized, tokenizer.id if tokenizer else None))
         if clean_source_ids(tokenized) == [clean.id] and tokenized.metrics["rows"] != clean.metrics["rows_clean"]:
             problems.append(
                 f"{partition}: {tokenized.metrics['rows']} tokenized rows for {clean.metrics['rows_clean']} clean rows"
