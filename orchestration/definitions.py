@@ -7,6 +7,7 @@ from orchestration.assets.dataset import dataset_manifest
 from orchestration.assets.model import model_checkpoint
 from orchestration.assets.tokenizer import bpe_tokenizer, tokenized_documents
 from orchestration.checks import ALL_CHECKS
+from orchestration.partitions import CONFIG_PATH
 from orchestration.resources import AiengResource
 from orchestration.schedules import daily_ingest_job, daily_ingest_schedule
 
@@ -15,7 +16,8 @@ defs = dg.Definitions(
     asset_checks=ALL_CHECKS,
     jobs=[daily_ingest_job],
     schedules=[daily_ingest_schedule],
-    resources={"aieng": AiengResource()},
+    # The config path is spelled out so the UI shows which file this code location runs with.
+    resources={"aieng": AiengResource(config_path=str(CONFIG_PATH))},
     # One laptop: steps run in the run's own process (a subprocess per step costs ~4 s of
     # imports each). A deployment that scales out swaps in a Celery or Kubernetes executor.
     executor=dg.in_process_executor,

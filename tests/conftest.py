@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,10 @@ from aieng_core.store import ArtifactStore
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TINY_CONFIG = REPO_ROOT / "configs" / "tiny.yaml"
 DEMO_PARTITIONS = ["2026-01-01", "2026-01-02", "2026-01-03"]
+
+# The code location reads its config once, when first imported (orchestration/partitions.py):
+# make that the tiny config for the whole session, whatever the caller's environment says.
+os.environ["AIENG_CONFIG"] = str(TINY_CONFIG)
 
 
 @pytest.fixture(autouse=True)

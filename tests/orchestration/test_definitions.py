@@ -7,7 +7,10 @@ the next ones of DESIGN.md's graph, in order, and follow the same rules.
 from __future__ import annotations
 
 import importlib
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import dagster as dg
@@ -15,6 +18,7 @@ import pytest
 
 import aieng_core
 from orchestration.definitions import defs
+from tests.conftest import REPO_ROOT, TINY_CONFIG
 
 # DESIGN.md section 2, in graph order.
 DESIGN_GRAPH = [
@@ -158,14 +162,66 @@ def test_daily_ingest_schedule() -> None:
 
 
 def test_resource_defaults_follow_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from orchestration.partitions import CONFIG_PATH
     from orchestration.resources import AiengResource
 
     resource = defs.resources["aieng"]
     assert isinstance(resource, AiengResource)
-    assert resource.home is None and resource.config_path is None
+    # One config file: the one the code location loaded (tests/conftest.py makes it tiny.yaml).
+    assert resource.home is None and resource.config_path == str(CONFIG_PATH) == str(TINY_CONFIG)
     monkeypatch.setenv("AIENG_HOME", str(tmp_path / "somewhere"))
     assert resource.store().home == (tmp_path / "somewhere").resolve()
-    assert resource.settings().tokenizer.vocab_size == 512  # configs/tiny.yaml, from AIENG_CONFIG
+    assert resource.settings().tokenizer.vocab_size == 512  # configs/tiny.yaml
+    assert AiengResource().settings().tokenizer.vocab_size == 512  # the default is the same file
+
+
+def test_a_resource_config_that_disagrees_about_start_date_is_refused(tmp_path: Path) -> None:
+    from aieng_core.config import ConfigError
+    from orchestration.resources import AiengResource
+
+    other = tmp_path / "other.yaml"
+    other.write_text(TINY_CONFIG.read_text(encoding="utf-8").replace('"2026-01-01"', '"2026-02-01"'), encoding="utf-8")
+    with pytest.raises(ConfigError) as refused:
+        AiengResource(config_path=str(other)).settings()
+    assert str(refused.value).startswith(
+        f"{other}: data.start_date is 2026-02-01, but the code location's daily partitions start at 2026-01-01 "
+        f"(data.start_date of {TINY_CONFIG}, read when it loaded)"
+    )
+
+
+def _dagster(args: list[str], config: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "AIENG_CONFIG": str(config), "DAGSTER_HOME": str(tmp_path), "AIENG_HOME": str(tmp_path / "h")}
+    dagster = Path(sys.executable).parent / "dagster"
+    return subprocess.run([str(dagster), *args], capture_output=True, text=True, timeout=120, env=env, cwd=REPO_ROOT)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        [
+            "asset",
+            "materialize",
+            "-m",
+            "orchestration.definitions",
+            "--select",
+            "raw_documents",
+            "--partition",
+            "2026-01-01",
+        ],
+        ["definitions", "validate", "-m", "orchestration.definitions"],  # what the UI shows as the location's error
+    ],
+    ids=["cli", "code-location"],
+)
+def test_a_bad_config_stops_the_code_location_with_one_error_naming_file_and_key(
+    command: list[str], tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text('data:\n  start_date: "not-a-date"\n  min_chars: 5\n', encoding="utf-8")
+    done = _dagster(command, bad, tmp_path)
+    output = done.stdout + done.stderr
+    expected = f"{bad}: invalid config: data.start_date: Input should be a valid date or datetime"
+    assert done.returncode != 0 or "Validation for 1 code locations failed" in output, output[-2000:]
+    assert output.count(expected) == 1, output[-2000:]
 
 
 def test_runs_in_process() -> None:
