@@ -18,15 +18,14 @@ import logging
 import os
 import re
 import stat
-import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from aieng_core.hashing import canonical_json, sha256_file, sha256_json
 from aieng_core.store.atomic import atomic_directory, atomic_write_bytes
+from aieng_core.store.provenance import git_commit, library_versions
 
 MANIFEST = "manifest.json"
 UNPARTITIONED = "_unpartitioned"
@@ -184,34 +183,6 @@ class Artifact:
         return self.path / relative
 
 
-@lru_cache(maxsize=1)
-def git_commit() -> str | None:
-    """The checkout's commit, if the code runs from one; recorded for lineage."""
-    try:
-        result = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    commit = result.stdout.strip()
-    if result.returncode != 0 or not commit:
-        return None
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"],
-        cwd=Path(__file__).resolve().parent,
-        capture_output=True,
-        text=True,
-        timeout=5,
-        check=False,
-    ).stdout.strip()
-    return f"{commit}-dirty" if dirty else commit
-
-
 def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
@@ -324,8 +295,10 @@ class ArtifactStore:
             return None
         except (OSError, ValueError) as exc:
             raise ArtifactIntegrityError(f"{ref}: unreadable ref: {exc}") from None
-        # get() validates the id: a hand-edited ref must not point outside the store.
-        return self.get(kind, record.get("id") if isinstance(record, dict) else None)
+        # get() validates whatever the id is (a non-string too): a hand-edited ref must not
+        # point outside the store, and the error names the bad value.
+        artifact_id: Any = record.get("id") if isinstance(record, dict) else None
+        return self.get(kind, artifact_id)
 
     def require_current(self, kind: str, partition: str | None = None) -> Artifact:
         artifact = self.current(kind, partition)
@@ -399,6 +372,7 @@ class ArtifactStore:
                     "config_sha256": spec.config_sha256,
                     "recipe_sha256": spec.recipe_sha256(),
                     "git_commit": git_commit(),
+                    "libraries": library_versions(),
                     "dagster_run_id": run.dagster_run_id,
                     "inputs": [{"kind": kind, "id": input_id} for kind, input_id in spec.inputs],
                     "content_sha256": produced.content_sha256,

@@ -26,6 +26,7 @@ MANIFEST_KEYS = {
     "code_version",
     "config_sha256",
     "git_commit",
+    "libraries",
     "dagster_run_id",
     "inputs",
     "files",
@@ -304,3 +305,24 @@ def test_artifact_with_a_damaged_manifest_is_moved_aside_and_rebuilt(store: Arti
     entries = leftovers(store)
     assert artifact.id in entries
     assert len([name for name in entries if name.startswith(f".damaged-{artifact.id}-")]) == 1
+
+
+def test_manifest_records_the_library_versions_that_decide_its_content(store: ArtifactStore) -> None:
+    from importlib import metadata
+
+    artifact = store.build(spec(), Producer())
+    libraries = artifact.manifest["libraries"]
+    assert set(libraries) == {
+        "python",
+        "torch",
+        "transformers",
+        "tokenizers",
+        "safetensors",
+        "pyarrow",
+        "numpy",
+        "pydantic",
+        "dagster",
+    }
+    assert libraries["torch"] == metadata.version("torch")
+    assert libraries["dagster"] == metadata.version("dagster")
+    assert libraries["tokenizers"] == metadata.version("tokenizers")
