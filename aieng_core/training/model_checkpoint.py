@@ -4,6 +4,12 @@ The artifact is a Hugging Face model directory (model.safetensors, config.json,
 generation_config.json and the tokenizer files) plus training_state.json and the loss
 curves as loss_curve.png. Unchanged dataset, model/training config and code version reuse
 the artifact; a training killed part-way resumes from $AIENG_HOME/work/model_checkpoint/<id>/.
+
+A run stopped by `max_minutes` before `max_steps` publishes its model under another id, whose
+recipe records the steps done (same id, same bytes: a partial model never takes the id of the
+full one), and leaves its checkpoint in the full recipe's work directory: the next
+materialization with the same inputs resumes there and, reaching `max_steps`, publishes
+under the full id the bytes an uninterrupted run would have written.
 """
 
 from __future__ import annotations
@@ -12,7 +18,9 @@ import json
 import logging
 import math
 import shutil
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,22 +28,50 @@ from aieng_core import asset_keys
 from aieng_core.config import AiengConfig
 from aieng_core.dataset.dataset_manifest import KIND as DATASET_KIND
 from aieng_core.hashing import sha256_file, sha256_json
-from aieng_core.model.memory import memory_budget
+from aieng_core.model.memory import BYTES_PER_PARAMETER, memory_budget
 from aieng_core.store import Artifact, ArtifactSpec, ArtifactStore, Produced, RunInfo
 from aieng_core.tokenizer.bpe import TOKENIZER_FILES, load_tokenizer, special_token_id
 from aieng_core.tokenizer.bpe_tokenizer import KIND as TOKENIZER_KIND
 
 if TYPE_CHECKING:
     from aieng_core.model.llama import LlamaConfig
+    from aieng_core.training.trainer import TrainOutcome
 
 # torch and matplotlib are imported inside the functions that train and plot: the Dagster
 # code location imports this module to define the asset, and a data-only materialization
 # should not pay their import time.
 
 KIND = asset_keys.MODEL_CHECKPOINT
-CODE_VERSION = "model_checkpoint-v1"
+# v2: trains on dataset_manifest's memory-mapped token files; a max_minutes stop publishes a partial model.
+CODE_VERSION = "model_checkpoint-v2"
 TRAINING_STATE_FILE = "training_state.json"
 LOSS_CURVE_FILE = "loss_curve.png"
+
+# Every numeric metric of the artifact, with what it measures: the one list the Dagster asset's
+# metadata and the tests take the names from. (Besides these: stopped_by, partial, device.)
+NUMERIC_METRICS: dict[str, str] = {
+    "train_loss": "cross-entropy of the last logged train batch (nats/token)",
+    "validation_loss": "cross-entropy on the fixed validation windows at the last step (nats/token)",
+    "train_perplexity": "exp(train_loss)",
+    "validation_perplexity": "exp(validation_loss)",
+    "unigram_baseline_loss": "validation cross-entropy of an add-one unigram model fit on train (nats/token)",
+    "unigram_baseline_perplexity": "exp(unigram_baseline_loss)",
+    "parameters": "parameters stored, tied weights counted once",
+    "steps": "optimizer steps done",
+    "max_steps": "optimizer steps the recipe asks for; more than steps when the run was stopped by max_minutes",
+    "resumed_from_step": "step of the checkpoint the last run resumed from (absent when it started from scratch)",
+    "tokens_seen": "train tokens the steps consumed (steps x batch_size x block_size)",
+    "train_tokens": "tokens in the train stream",
+    "validation_tokens": "tokens in the validation stream",
+    "threads": "torch intra-op threads the steps ran with",
+    "wall_seconds": "training time, summed over resumed runs (s)",
+    "tokens_per_second": "tokens_seen / wall_seconds",
+    **{f"weights_bytes_{name}": f"bytes of the weights in {name}" for name in BYTES_PER_PARAMETER},
+    **{
+        f"gpu_rule_gib_{name}": f"accelerator memory to ask for in {name}: weights x 1.3 + 2 GiB"
+        for name in BYTES_PER_PARAMETER
+    },
+}
 
 log = logging.getLogger("aieng.training")
 
@@ -58,82 +94,147 @@ def work_dir_for(store: ArtifactStore, artifact_id: str) -> Path:
     return store.home / "work" / KIND / artifact_id
 
 
+@dataclass
+class _Trained:
+    outcome: TrainOutcome
+    baseline: float
+    train_tokens: int
+    validation_tokens: int
+
+
+class _StoppedEarly(Exception):
+    """Raised out of the full recipe's build, so nothing is published under its id."""
+
+    def __init__(self, trained: _Trained) -> None:
+        super().__init__(f"stopped by max_minutes at step {trained.outcome.steps}")
+        self.trained = trained
+
+
+def model_spec(config: AiengConfig, dataset: Artifact, tokenizer: Artifact) -> ArtifactSpec:
+    """The full recipe: what decides the bytes of a model trained to max_steps."""
+    import torch
+
+    from aieng_core.training.trainer import pick_device
+
+    # training.threads: 0 means torch's default, which follows the machine's cores.
+    threads = config.training.threads or torch.get_num_threads()
+    return ArtifactSpec(
+        kind=KIND,
+        code_version=CODE_VERSION,
+        config_sha256=config.section_sha256("model", "training"),
+        inputs=((DATASET_KIND, dataset.id), (TOKENIZER_KIND, tokenizer.id)),
+        # CUDA and CPU kernels round differently, and CPU reductions split their work by thread
+        # count: the same recipe on another device or thread count is another model.
+        recipe={"device": pick_device(config.training.device).type, "threads": threads},
+    )
+
+
 def build_model_checkpoint(
     store: ArtifactStore,
     config: AiengConfig,
     run: RunInfo = RunInfo(),
     logger: Any = log,
     on_step: Callable[[int, dict[str, Any]], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Artifact:
-    from aieng_core.model.hf_files import CONFIG_FILE, GENERATION_CONFIG_FILE, MODEL_FILE, save_model_dir
-    from aieng_core.training.corpus import split_token_streams, unigram_cross_entropy
-    from aieng_core.training.plot import loss_curve_png
+    """Train (or reuse) the model of the current dataset; `clock` (seconds) is what
+    `max_minutes` is measured on."""
+    from aieng_core.training.corpus import open_token_streams, unigram_cross_entropy
     from aieng_core.training.trainer import pick_device, train
 
     dataset = store.require_current(DATASET_KIND)
     tokenizer = store.check_input(store.get(TOKENIZER_KIND, dataset.manifest["tokenizer_id"]))
+    spec = model_spec(config, dataset, tokenizer)
     device = pick_device(config.training.device)
-    spec = ArtifactSpec(
-        kind=KIND,
-        code_version=CODE_VERSION,
-        config_sha256=config.section_sha256("model", "training"),
-        inputs=((DATASET_KIND, dataset.id), (TOKENIZER_KIND, tokenizer.id)),
-        # CUDA and CPU kernels round differently: the same recipe on another device is another model.
-        recipe={"device": device.type},
-    )
+    # Keyed by the full recipe: every run towards max_steps, stopped early or killed, resumes here.
     work_dir = work_dir_for(store, spec.artifact_id())
 
     def produce(staging: Path) -> Produced:
         store.check_input(dataset)
         model_config = model_config_for(config, tokenizer.path)
-        train_tokens, validation_tokens = split_token_streams(store, dataset)
+        train_tokens, validation_tokens = open_token_streams(dataset)
         baseline = unigram_cross_entropy(train_tokens, validation_tokens, model_config.vocab_size)
         logger.info(
             f"{KIND}: training {model_config.num_hidden_layers}-layer Llama on {len(train_tokens):,} train tokens "
             f"({len(validation_tokens):,} validation); unigram baseline {baseline:.4f} nats"
         )
-        outcome = train(model_config, config.training, train_tokens, validation_tokens, work_dir, logger, on_step)
-        save_model_dir(outcome.model, staging)
-        for name in TOKENIZER_FILES:
-            shutil.copyfile(tokenizer.path / name, staging / name)
-        final = outcome.history[-1]
-        train_losses = [h["train_loss"] for h in outcome.history if "train_loss" in h]
-        parameters = outcome.model.num_parameters()
-        metrics = {
-            "train_loss": train_losses[-1] if train_losses else None,
-            "validation_loss": final["validation_loss"],
-            "train_perplexity": math.exp(train_losses[-1]) if train_losses else None,
-            "validation_perplexity": math.exp(final["validation_loss"]),
-            "unigram_baseline_loss": baseline,
-            "unigram_baseline_perplexity": math.exp(baseline),
-            "parameters": parameters,
-            "steps": outcome.steps,
-            "stopped_by": outcome.stopped_by,
-            "resumed_from_step": outcome.resumed_from,
-            "tokens_seen": outcome.tokens_seen,
-            "train_tokens": int(len(train_tokens)),
-            "validation_tokens": int(len(validation_tokens)),
-            "device": device.type,
-            "threads": outcome.threads,
-            "wall_seconds": round(outcome.train_seconds, 3),
-            "tokens_per_second": outcome.tokens_seen / max(outcome.train_seconds, 1e-9),
-            **memory_budget(parameters),
-        }
-        state = {
-            "steps": outcome.steps,
-            "stopped_by": outcome.stopped_by,
-            "resumed_from_step": outcome.resumed_from,
-            "history": outcome.history,
-        }
-        (staging / TRAINING_STATE_FILE).write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
-        (staging / LOSS_CURVE_FILE).write_bytes(loss_curve_png(outcome.history, baseline))
-        # The model is its weights, its config and its tokenizer; timings and the plot are not.
-        content = {
-            name: sha256_file(staging / name)
-            for name in (MODEL_FILE, CONFIG_FILE, GENERATION_CONFIG_FILE, *TOKENIZER_FILES)
-        }
-        return Produced(content_sha256=sha256_json(content), metrics=metrics)
+        outcome = train(
+            model_config, config.training, train_tokens, validation_tokens, work_dir, logger, on_step, clock
+        )
+        trained = _Trained(outcome, baseline, len(train_tokens), len(validation_tokens))
+        if outcome.stopped_by == "max_minutes":
+            raise _StoppedEarly(trained)
+        return _write_artifact(staging, trained, tokenizer, config, device.type)
 
-    artifact = store.build(spec, produce, run, logger)
+    # A model stopped by max_minutes is not the full recipe's: produce() raises it out of that build
+    # (its staging directory is discarded) and it is published under a recipe recording its steps.
+    try:
+        artifact = store.build(spec, produce, run, logger)
+    except _StoppedEarly as stopped:
+        trained = stopped.trained
+        partial = replace(
+            spec, recipe={**spec.recipe, "steps": trained.outcome.steps, "stopped_by": trained.outcome.stopped_by}
+        )
+        artifact = store.build(
+            partial, lambda staging: _write_artifact(staging, trained, tokenizer, config, device.type), run, logger
+        )
+        logger.warning(
+            f"{KIND}: stopped by max_minutes after {trained.outcome.steps} of {config.training.max_steps} steps; "
+            f"published the partial model as {artifact.id}; materialize again to resume from step "
+            f"{trained.outcome.steps} (checkpoint in {work_dir})"
+        )
+        return artifact
     shutil.rmtree(work_dir, ignore_errors=True)  # the artifact is complete; resume state is no longer needed
     return artifact
+
+
+def _write_artifact(
+    staging: Path, trained: _Trained, tokenizer: Artifact, config: AiengConfig, device: str
+) -> Produced:
+    from aieng_core.model.hf_files import CONFIG_FILE, GENERATION_CONFIG_FILE, MODEL_FILE, save_model_dir
+    from aieng_core.training.plot import loss_curve_png
+
+    outcome = trained.outcome
+    save_model_dir(outcome.model, staging)
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(tokenizer.path / name, staging / name)
+    final = outcome.history[-1]
+    train_losses = [h["train_loss"] for h in outcome.history if "train_loss" in h]
+    parameters = outcome.model.num_parameters()
+    metrics = {
+        "train_loss": train_losses[-1] if train_losses else None,
+        "validation_loss": final["validation_loss"],
+        "train_perplexity": math.exp(train_losses[-1]) if train_losses else None,
+        "validation_perplexity": math.exp(final["validation_loss"]),
+        "unigram_baseline_loss": trained.baseline,
+        "unigram_baseline_perplexity": math.exp(trained.baseline),
+        "parameters": parameters,
+        "steps": outcome.steps,
+        "max_steps": config.training.max_steps,
+        "stopped_by": outcome.stopped_by,
+        "partial": outcome.steps < config.training.max_steps,
+        "resumed_from_step": outcome.resumed_from,
+        "tokens_seen": outcome.tokens_seen,
+        "train_tokens": trained.train_tokens,
+        "validation_tokens": trained.validation_tokens,
+        "device": device,
+        "threads": outcome.threads,
+        "wall_seconds": round(outcome.train_seconds, 3),
+        "tokens_per_second": outcome.tokens_seen / max(outcome.train_seconds, 1e-9),
+        **memory_budget(parameters),
+    }
+    state = {
+        "steps": outcome.steps,
+        "max_steps": config.training.max_steps,
+        "stopped_by": outcome.stopped_by,
+        "resumed_from_step": outcome.resumed_from,
+        "history": outcome.history,
+    }
+    (staging / TRAINING_STATE_FILE).write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
+    (staging / LOSS_CURVE_FILE).write_bytes(loss_curve_png(outcome.history, trained.baseline))
+    # The model is its weights, its config and its tokenizer; timings and the plot are not.
+    content = {
+        name: sha256_file(staging / name)
+        for name in (MODEL_FILE, CONFIG_FILE, GENERATION_CONFIG_FILE, *TOKENIZER_FILES)
+    }
+    return Produced(content_sha256=sha256_json(content), metrics=metrics)

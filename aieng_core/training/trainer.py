@@ -1,10 +1,12 @@
 """The training loop: AdamW, warmup + cosine, gradient clipping, seeded, resumable.
 
 Batches are random windows of `block_size + 1` tokens from the packed train stream, drawn
-from a seeded torch.Generator. Everything that decides the next step (weights, optimizer
-moments, the generator's state, the step) is checkpointed atomically as safetensors plus
-JSON, so a run killed part-way resumes where it stopped and ends with the weights an
-uninterrupted run would have had. No pickle anywhere.
+from a seeded torch.Generator; only those windows are read from the stream (which may be a
+file on disk far larger than memory) and widened to int64. Everything that decides the next
+step (weights, optimizer moments, the generator's state, the step) is checkpointed
+atomically as safetensors plus JSON, so a run killed part-way, or stopped by `max_minutes`,
+resumes where it stopped and ends with the weights an uninterrupted run would have had.
+No pickle anywhere.
 """
 
 from __future__ import annotations
@@ -27,9 +29,14 @@ from aieng_core.config import TrainingConfig
 from aieng_core.model.llama import LlamaConfig, LlamaForCausalLM
 from aieng_core.model.weights import load_into, unique_state_dict
 from aieng_core.store.atomic import atomic_directory
+from aieng_core.training.corpus import TokenStream
 
 CHECKPOINT_PREFIX = "step-"
 log = logging.getLogger("aieng.training")
+
+
+class TimeBudgetTooSmall(RuntimeError):
+    """`max_minutes` ran out before this run trained a single step: there is nothing to publish."""
 
 
 @dataclass
@@ -76,10 +83,11 @@ def _make_optimizer(model: LlamaForCausalLM, config: TrainingConfig) -> torch.op
 
 
 def _batch(
-    stream: torch.Tensor, starts: torch.Tensor, block: int, device: torch.device
+    stream: TokenStream, starts: torch.Tensor, block: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    index = starts[:, None] + torch.arange(block + 1)[None, :]
-    windows = stream[index]
+    # Read the batch's windows only; the stream stays on disk in its narrow dtype.
+    index = starts.numpy()[:, None] + np.arange(block + 1)[None, :]
+    windows = torch.from_numpy(np.asarray(stream[index], dtype=np.int64))
     return windows[:, :-1].to(device), windows[:, 1:].to(device)
 
 
@@ -94,7 +102,7 @@ def eval_starts(length: int, config: TrainingConfig) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate(
-    model: LlamaForCausalLM, stream: torch.Tensor, starts: torch.Tensor, config: TrainingConfig, device: torch.device
+    model: LlamaForCausalLM, stream: TokenStream, starts: torch.Tensor, config: TrainingConfig, device: torch.device
 ) -> float:
     was_training = model.training
     model.eval()
@@ -170,18 +178,24 @@ def load_training_checkpoint(
 def train(
     model_config: LlamaConfig,
     config: TrainingConfig,
-    train_tokens: np.ndarray,
-    validation_tokens: np.ndarray,
+    train_tokens: TokenStream,
+    validation_tokens: TokenStream,
     work_dir: Path,
     logger: Any = log,
     on_step: Callable[[int, dict[str, Any]], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> TrainOutcome:
-    """Train from scratch, or resume from work_dir's checkpoint of the same recipe."""
+    """Train from scratch, or resume from work_dir's checkpoint of the same recipe.
+
+    `max_minutes` bounds this call's training time (read from `clock`, seconds), so that each
+    run stopped by it makes progress: it checkpoints where it stopped, and the next call with
+    the same work_dir continues from there.
+    """
     threads_before = torch.get_num_threads()
     if config.threads:
         torch.set_num_threads(config.threads)
     try:
-        return _train(model_config, config, train_tokens, validation_tokens, work_dir, logger, on_step)
+        return _train(model_config, config, train_tokens, validation_tokens, work_dir, logger, on_step, clock)
     finally:
         torch.set_num_threads(threads_before)  # don't leak the setting into the rest of the process
 
@@ -189,11 +203,12 @@ def train(
 def _train(
     model_config: LlamaConfig,
     config: TrainingConfig,
-    train_tokens: np.ndarray,
-    validation_tokens: np.ndarray,
+    train_tokens: TokenStream,
+    validation_tokens: TokenStream,
     work_dir: Path,
     logger: Any,
     on_step: Callable[[int, dict[str, Any]], None] | None,
+    clock: Callable[[], float],
 ) -> TrainOutcome:
     if len(train_tokens) < config.block_size + 2:
         raise ValueError(f"train stream has {len(train_tokens)} tokens, too few for block_size {config.block_size}")
@@ -202,9 +217,7 @@ def _train(
     model = LlamaForCausalLM(model_config).to(device)
     optimizer = _make_optimizer(model, config)
     generator = torch.Generator().manual_seed(config.seed)
-    train_stream = torch.from_numpy(train_tokens)
-    val_stream = torch.from_numpy(validation_tokens)
-    val_starts = eval_starts(len(val_stream), config)
+    val_starts = eval_starts(len(validation_tokens), config)
 
     work_dir.mkdir(parents=True, exist_ok=True)
     state = load_training_checkpoint(work_dir, model, optimizer, generator, device)
@@ -216,20 +229,25 @@ def _train(
     if resumed_from is not None:
         logger.info(f"resuming training from step {resumed_from} (checkpoint in {work_dir})")
 
+    def checkpoint() -> None:
+        train_seconds = elapsed_before + clock() - started
+        saved = {"step": step, "history": history, "tokens_seen": tokens_seen, "train_seconds": train_seconds}
+        save_training_checkpoint(work_dir, model, optimizer, generator, saved)
+
     tokens_per_step = config.batch_size * config.block_size
-    started = time.monotonic()
+    started = clock()
     window_start, window_tokens = started, 0
     stopped_by = "max_steps"
     model.train()
     while step < config.max_steps:
-        if elapsed_before + time.monotonic() - started >= config.max_minutes * 60:
+        if clock() - started >= config.max_minutes * 60:
             stopped_by = "max_minutes"
             break
         lr = learning_rate(step, config)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        starts = torch.randint(0, len(train_stream) - config.block_size - 1, (config.batch_size,), generator=generator)
-        x, y = _batch(train_stream, starts, config.block_size, device)
+        starts = torch.randint(0, len(train_tokens) - config.block_size - 1, (config.batch_size,), generator=generator)
+        x, y = _batch(train_tokens, starts, config.block_size, device)
         _, loss = model(x, y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -241,7 +259,7 @@ def _train(
 
         record: dict[str, Any] = {}
         if step % config.log_every == 0 or step == config.max_steps:
-            now = time.monotonic()
+            now = clock()
             rate = window_tokens / max(now - window_start, 1e-9)
             eta = (config.max_steps - step) * tokens_per_step / rate
             record = {
@@ -261,25 +279,32 @@ def _train(
                 "step": step,
                 **record,
                 "train_loss": loss.item(),
-                "validation_loss": evaluate(model, val_stream, val_starts, config, device),
+                "validation_loss": evaluate(model, validation_tokens, val_starts, config, device),
             }
             logger.info(f"step {step}: validation loss {record['validation_loss']:.4f}")
         if record:
             history.append(record)
-        train_seconds = elapsed_before + time.monotonic() - started
         if step % config.checkpoint_every == 0 and step < config.max_steps:
-            save_training_checkpoint(
-                work_dir,
-                model,
-                optimizer,
-                generator,
-                {"step": step, "history": history, "tokens_seen": tokens_seen, "train_seconds": train_seconds},
-            )
+            checkpoint()
         if on_step is not None:
             on_step(step, record)
 
-    if not history or "validation_loss" not in history[-1]:
-        history.append({"step": step, "validation_loss": evaluate(model, val_stream, val_starts, config, device)})
+    if stopped_by == "max_minutes":
+        if step == (resumed_from or 0):
+            raise TimeBudgetTooSmall(
+                f"training.max_minutes ({config.max_minutes}) ran out before the first training step of this run "
+                f"(at step {step} of {config.max_steps}); nothing was trained or published: raise training.max_minutes"
+            )
+        # Leave the run resumable where it stopped (before the final evaluation below, which an
+        # uninterrupted run does not have in its history), unless the last step already saved it.
+        if latest_checkpoint(work_dir) != work_dir / f"{CHECKPOINT_PREFIX}{step:08d}":
+            checkpoint()
+        logger.warning(f"stopped by max_minutes at step {step} of {config.max_steps}; the next run resumes from here")
+    # The outcome ends with the validation loss of the weights it returns, also when stopped between evaluations.
+    if not history or history[-1]["step"] != step:
+        history.append({"step": step})
+    if "validation_loss" not in history[-1]:
+        history[-1]["validation_loss"] = evaluate(model, validation_tokens, val_starts, config, device)
     model.eval()
     return TrainOutcome(
         model=model,
@@ -287,7 +312,7 @@ def _train(
         stopped_by=stopped_by,
         history=history,
         tokens_seen=tokens_seen,
-        train_seconds=elapsed_before + time.monotonic() - started,
+        train_seconds=elapsed_before + clock() - started,
         resumed_from=resumed_from,
         threads=torch.get_num_threads(),
     )

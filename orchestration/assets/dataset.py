@@ -18,7 +18,8 @@ from orchestration.resources import AiengResource
     kinds={"json"},
     description=(
         "SHA-256 of every tokenized partition present and of the tokenizer, with a deterministic train/validation "
-        "split by document id. Its data version is the dataset version."
+        "split by document id, and the train/validation token streams training memory-maps (train.bin, "
+        "validation.bin). Its data version is the dataset version."
     ),
 )
 def dataset_manifest(context: dg.AssetExecutionContext, aieng: AiengResource) -> dg.MaterializeResult:
@@ -34,6 +35,7 @@ def dataset_manifest(context: dg.AssetExecutionContext, aieng: AiengResource) ->
             "train_tokens": totals["train_tokens"],
             "validation_tokens": totals["validation_tokens"],
             "tokenizer_id": dataset["tokenizer_id"],
+            "token_dtype": dataset["token_files"]["train"]["dtype"],  # of train.bin and validation.bin
             "partition_table": table(
                 dataset["partitions"], ["partition", "rows", "tokens", "train_rows", "validation_rows", "sha256"]
             ),

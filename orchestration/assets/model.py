@@ -10,25 +10,6 @@ from orchestration.metadata import materialize_one, run_info
 from orchestration.partitions import single_run
 from orchestration.resources import AiengResource
 
-NUMBERS = (
-    "train_loss",
-    "validation_loss",
-    "train_perplexity",
-    "validation_perplexity",
-    "unigram_baseline_loss",
-    "unigram_baseline_perplexity",
-    "parameters",
-    "steps",
-    "tokens_seen",
-    "tokens_per_second",
-    "wall_seconds",
-    "weights_bytes_fp32",
-    "weights_bytes_bf16",
-    "weights_bytes_int8",
-    "gpu_rule_gib_fp32",
-    "gpu_rule_gib_bf16",
-)
-
 
 @dg.asset(
     key=checkpoint.KIND,
@@ -39,7 +20,8 @@ NUMBERS = (
     kinds={"pytorch", "safetensors"},
     description=(
         "Llama-architecture LM trained from scratch on the dataset manifest's train split, saved as "
-        "Hugging Face safetensors with its tokenizer. Resumes from its last checkpoint if killed."
+        "Hugging Face safetensors with its tokenizer. Resumes from its last checkpoint if killed. A run stopped by "
+        "max_minutes publishes a partial model (metadata partial=true) under an id of its own; the next run resumes."
     ),
 )
 def model_checkpoint(context: dg.AssetExecutionContext, aieng: AiengResource) -> dg.MaterializeResult:
@@ -47,11 +29,19 @@ def model_checkpoint(context: dg.AssetExecutionContext, aieng: AiengResource) ->
     metrics = artifact.metrics
     context.log.info(f"model_checkpoint: {'reused' if artifact.reused else 'trained'} {artifact.id}")
     png = base64.b64encode(artifact.file(checkpoint.LOSS_CURVE_FILE).read_bytes()).decode("ascii")
+    progress = f"{metrics['steps']} of {metrics['max_steps']} steps"
+    training = (
+        f"**partial model**: stopped by max_minutes after {progress}; materialize again to resume to max_steps"
+        if metrics["partial"]
+        else f"complete: {progress}"
+    )
     return materialize_one(
         artifact,
         {
-            **{name: metrics[name] for name in NUMBERS if metrics.get(name) is not None},
+            **{name: metrics[name] for name in checkpoint.NUMERIC_METRICS if metrics.get(name) is not None},
             "stopped_by": metrics["stopped_by"],
+            "partial": metrics["partial"],
+            "training": dg.MetadataValue.md(training),
             "loss_curves": dg.MetadataValue.md(
                 f"![loss curves](data:image/png;base64,{png})\n\n"
                 f"validation loss **{metrics['validation_loss']:.4f}** vs unigram baseline "

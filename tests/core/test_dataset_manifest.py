@@ -5,13 +5,24 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aieng_core.data.tables import TOKENS_FILE
-from aieng_core.dataset.dataset_manifest import KIND, StaleTokenization, build_dataset_manifest, read_dataset
+from aieng_core.data.tables import TOKENS_FILE, TOKENS_SCHEMA
+from aieng_core.dataset.dataset_manifest import (
+    KIND,
+    StaleTokenization,
+    build_dataset_manifest,
+    read_dataset,
+    token_dtype,
+    write_split_tokens,
+)
 from aieng_core.dataset.split import METHOD, TRAIN, VALIDATION, split_of
+from aieng_core.hashing import sha256_file
 from aieng_core.store import ArtifactNotFound, ArtifactStore
 from aieng_core.tokenizer.bpe_tokenizer import build_bpe_tokenizer
 from aieng_core.tokenizer.tokenized_documents import build_tokenized_documents
@@ -107,6 +118,80 @@ def test_split_of_is_monotonic_in_the_fraction(doc_id: str, f1: float, f2: float
         assert split_of(doc_id, high, seed) == VALIDATION
     assert split_of(doc_id, 0.0, seed) == TRAIN
     assert split_of(doc_id, 1.0, seed) == VALIDATION
+
+
+def test_token_files_hold_each_side_end_to_end_in_document_order(built_demo: BuiltHome) -> None:
+    dataset = read_dataset(built_demo.dataset)
+    config = built_demo.config.dataset
+    expected: dict[str, list[int]] = {TRAIN: [], VALIDATION: []}
+    for partition in DEMO_PARTITIONS:
+        for row in read_table(built_demo.tokenized[partition].file(TOKENS_FILE)):
+            expected[split_of(row["id"], config.validation_fraction, config.split_seed)].extend(row["input_ids"])
+    for side, name in ((TRAIN, "train.bin"), (VALIDATION, "validation.bin")):
+        path = built_demo.dataset.file(name)
+        assert path.stat().st_size == 2 * len(expected[side])  # uint16: the tiny vocabulary has 512 ids
+        assert np.fromfile(path, dtype="<u2").tolist() == expected[side]
+        assert dataset["token_files"][side] == {
+            "file": name,
+            "dtype": "uint16",
+            "byte_order": "little",
+            "tokens": dataset["totals"][f"{side}_tokens"],
+            "sha256": sha256_file(path),
+        }
+        # Listed (hashed) in the manifest, so verifying the artifact covers them.
+        assert built_demo.dataset.manifest["files"][name] == sha256_file(path)
+    assert len(expected[TRAIN]) + len(expected[VALIDATION]) == dataset["totals"]["tokens"]
+
+
+def test_a_damaged_token_file_fails_verification(built_demo: BuiltHome, copy_home) -> None:
+    store = ArtifactStore(copy_home(built_demo))
+    dataset = store.require_current(KIND)
+    path = dataset.file("train.bin")
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    assert store.verify(dataset) == [f"{path}: sha256 does not match the manifest"]
+
+
+def test_token_dtype_is_the_narrowest_that_holds_the_vocabulary() -> None:
+    assert [token_dtype(v) for v in (512, 65_536, 65_537, 200_000)] == ["uint16", "uint16", "uint32", "uint32"]
+
+
+def write_tokens_table(path: Path, rows: list[tuple[str, list[int]]]) -> None:
+    table = pa.table(
+        {
+            "id": [doc_id for doc_id, _ in rows],
+            "input_ids": [ids for _, ids in rows],
+            "num_tokens": [len(ids) for _, ids in rows],
+        },
+        schema=TOKENS_SCHEMA,
+    )
+    pq.write_table(table, path)
+
+
+def test_write_split_tokens_writes_little_endian_ids_of_each_side(tmp_path: Path) -> None:
+    rows = [(f"doc-{i}", [70_000 + i, i, 1]) for i in range(10)]
+    write_tokens_table(tmp_path / "tokens.parquet", rows)
+    sides = [split_of(doc_id, 0.5, "seed") for doc_id, _ in rows]
+    assert set(sides) == {TRAIN, VALIDATION}
+    with open(tmp_path / "train.bin", "wb") as train, open(tmp_path / "validation.bin", "wb") as validation:
+        counts = write_split_tokens(
+            tmp_path / "tokens.parquet", 0.5, "seed", 3, {TRAIN: train, VALIDATION: validation}, "uint32"
+        )
+    for side in (TRAIN, VALIDATION):
+        ids = [token for (_, tokens), s in zip(rows, sides) if s == side for token in tokens]
+        assert (tmp_path / f"{side}.bin").read_bytes() == b"".join(t.to_bytes(4, "little") for t in ids)
+        assert counts[f"{side}_rows"] == sides.count(side)
+        assert counts[f"{side}_tokens"] == 3 * sides.count(side)
+
+
+def test_write_split_tokens_refuses_ids_its_dtype_cannot_hold(tmp_path: Path) -> None:
+    write_tokens_table(tmp_path / "tokens.parquet", [("doc-0", [5, 65_536, 1])])
+    with open(tmp_path / "train.bin", "wb") as train, open(tmp_path / "validation.bin", "wb") as validation:
+        with pytest.raises(ValueError, match=r"token ids outside 0..65535, the range of uint16"):
+            write_split_tokens(
+                tmp_path / "tokens.parquet", 0.5, "seed", 64, {TRAIN: train, VALIDATION: validation}, "uint16"
+            )
 
 
 def test_rebuild_is_reused(built_demo: BuiltHome, copy_home) -> None:

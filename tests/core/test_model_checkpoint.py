@@ -1,6 +1,6 @@
 """model_checkpoint on the demo data with the tiny config: the artifact, its metrics, its
-compatibility with transformers, reuse, resume after a kill, integrity-checked loading and
-`aieng model train`.
+compatibility with transformers, reuse, resume after a kill, partial models of runs stopped
+by max_minutes and their resumption, integrity-checked loading and `aieng model train`.
 
 The tiny model is trained once for the whole module, in a copy of the shared built demo
 home; tests that change state work on further copies of that home.
@@ -8,7 +8,9 @@ home; tests that change state work on further copies of that home.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import itertools
 import json
 import math
 import shutil
@@ -24,7 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from aieng_core.cli import main
 from aieng_core.config import AiengConfig, load_config
-from aieng_core.dataset.dataset_manifest import read_dataset
+from aieng_core.dataset.dataset_manifest import build_dataset_manifest, read_dataset
 from aieng_core.hashing import sha256_file
 from aieng_core.model.hf_files import (
     CONFIG_FILE,
@@ -35,12 +37,20 @@ from aieng_core.model.hf_files import (
     stored_parameters,
 )
 from aieng_core.model.llama import expected_parameters
-from aieng_core.store import Artifact, ArtifactIntegrityError, ArtifactStore
+from aieng_core.store import Artifact, ArtifactIntegrityError, ArtifactSpec, ArtifactStore, Produced
 from aieng_core.store.artifacts import MANIFEST
 from aieng_core.tokenizer.bpe import load_tokenizer
-from aieng_core.training.corpus import split_token_streams
-from aieng_core.training.model_checkpoint import KIND, build_model_checkpoint, work_dir_for
+from aieng_core.training.corpus import OutdatedDataset, TokenFile, open_token_streams
+from aieng_core.training.model_checkpoint import (
+    KIND,
+    NUMERIC_METRICS,
+    build_model_checkpoint,
+    model_spec,
+    work_dir_for,
+)
+from aieng_core.training.trainer import TimeBudgetTooSmall
 from tests.conftest import DEMO_PARTITIONS, TINY_CONFIG
+from tests.core.fake_clock import StepClock
 from tests.core.helpers import BuiltHome
 
 ARTIFACT_FILES = [
@@ -76,6 +86,13 @@ def trained(built_demo: BuiltHome, tmp_path_factory: pytest.TempPathFactory) -> 
     steps: list[int] = []
     artifact = build_model_checkpoint(store, config, on_step=lambda step, record: steps.append(step))
     return Trained(home, store, config, artifact, steps)
+
+
+@pytest.fixture(scope="module")
+def short_run(trained: Trained, tmp_path_factory: pytest.TempPathFactory) -> Artifact:
+    """The 10-step recipe of short_config, trained without interruption in a copy of the home."""
+    store = copy_of(trained, tmp_path_factory.mktemp("short-run") / "home")
+    return build_model_checkpoint(store, short_config(trained.config))
 
 
 def copy_of(trained: Trained, target: Path) -> ArtifactStore:
@@ -116,7 +133,8 @@ def test_artifact_holds_a_hugging_face_model_directory(trained: Trained) -> None
 def test_training_ran_every_step_once(trained: Trained) -> None:
     assert trained.steps_reported == list(range(1, 151))
     metrics = trained.artifact.metrics
-    assert metrics["steps"] == 150 and metrics["stopped_by"] == "max_steps"
+    assert metrics["steps"] == metrics["max_steps"] == 150 and metrics["stopped_by"] == "max_steps"
+    assert metrics["partial"] is False
     assert metrics["resumed_from_step"] is None
     state = json.loads(trained.artifact.file("training_state.json").read_text())
     assert state["steps"] == 150 and state["stopped_by"] == "max_steps"
@@ -151,6 +169,14 @@ def test_metrics_are_consistent(trained: Trained) -> None:
     assert m["weights_bytes_int8"] == m["parameters"]
     assert m["gpu_rule_gib_fp32"] == pytest.approx(m["parameters"] * 4 * 1.3 / 2**30 + 2, abs=5e-5)
     assert m["gpu_rule_gib_bf16"] == pytest.approx(m["parameters"] * 2 * 1.3 / 2**30 + 2, abs=5e-5)
+
+
+def test_numeric_metrics_are_exactly_the_listed_ones(trained: Trained) -> None:
+    """NUMERIC_METRICS, which the Dagster asset shows, names every number the artifact records."""
+    m = trained.artifact.metrics
+    numbers = {name for name, value in m.items() if isinstance(value, (int, float)) and not isinstance(value, bool)}
+    assert numbers == set(NUMERIC_METRICS) - {"resumed_from_step"}  # None: this run started from scratch
+    assert set(m) == set(NUMERIC_METRICS) | {"stopped_by", "partial", "device"}
 
 
 def test_model_beats_the_unigram_baseline(trained: Trained) -> None:
@@ -203,8 +229,13 @@ def test_unigram_baseline_equals_an_independent_computation(trained: Trained) ->
     summary = read_dataset(dataset)["partitions"]
     assert len(train) == sum(p["train_tokens"] for p in summary)
     assert len(validation) == sum(p["validation_tokens"] for p in summary)
-    ours_train, ours_validation = split_token_streams(trained.store, dataset)
-    assert np.array_equal(ours_train, np.asarray(train)) and np.array_equal(ours_validation, np.asarray(validation))
+    # Training reads the same streams from the dataset's token files, in the same order.
+    ours_train, ours_validation = open_token_streams(dataset)
+    assert isinstance(ours_train, TokenFile) and isinstance(ours_validation, TokenFile)
+    assert (len(ours_train), len(ours_validation)) == (len(train), len(validation))
+    assert np.array_equal(ours_train[:], np.asarray(train)) and np.array_equal(
+        ours_validation[:], np.asarray(validation)
+    )
 
 
 # ---- transformers reads the artifact --------------------------------------------------------
@@ -285,7 +316,9 @@ class Kill(Exception):
     pass
 
 
-def test_a_killed_training_resumes_and_matches_an_uninterrupted_one(trained: Trained, tmp_path: Path) -> None:
+def test_a_killed_training_resumes_and_matches_an_uninterrupted_one(
+    trained: Trained, short_run: Artifact, tmp_path: Path
+) -> None:
     config = short_config(trained.config)
     killed = copy_of(trained, tmp_path / "killed")
 
@@ -313,13 +346,153 @@ def test_a_killed_training_resumes_and_matches_an_uninterrupted_one(trained: Tra
     assert work_dirs[0].name == resumed.id
     assert not work_dirs[0].exists()
 
-    clean = copy_of(trained, tmp_path / "clean")
-    uninterrupted = build_model_checkpoint(clean, config)
+    uninterrupted = short_run
     assert uninterrupted.id == resumed.id
     assert uninterrupted.metrics["resumed_from_step"] is None
     assert sha256_file(resumed.file(MODEL_FILE)) == sha256_file(uninterrupted.file(MODEL_FILE))
     assert resumed.content_sha256 == uninterrupted.content_sha256
     assert resumed.metrics["validation_loss"] == uninterrupted.metrics["validation_loss"]
+
+
+# ---- runs stopped by max_minutes ------------------------------------------------------------
+
+
+def time_cut(store: ArtifactStore, config: AiengConfig) -> Artifact:
+    """Train short_config where each step takes 20 s of a fake clock: max_minutes (2) stops it after 6 of 10 steps."""
+    assert config.training.max_minutes == 2
+    clock = StepClock(seconds_per_step=20.0)
+    return build_model_checkpoint(store, config, on_step=clock.on_step, clock=clock)
+
+
+def partial_id(store: ArtifactStore, config: AiengConfig, steps: int) -> str:
+    """The id of the recipe that records a max_minutes stop after `steps` steps."""
+    dataset = store.require_current("dataset_manifest")
+    spec = model_spec(config, dataset, store.get("bpe_tokenizer", dataset.manifest["tokenizer_id"]))
+    assert spec.recipe == {"device": "cpu", "threads": torch.get_num_threads()}
+    return dataclasses.replace(spec, recipe={**spec.recipe, "steps": steps, "stopped_by": "max_minutes"}).artifact_id()
+
+
+def test_the_thread_count_torch_defaults_to_is_part_of_the_id(trained: Trained) -> None:
+    """training.threads 0 follows the machine; CPU reductions split by thread, so the id must too."""
+    store, config = trained.store, trained.config
+    assert config.training.threads == 0
+    dataset = store.require_current("dataset_manifest")
+    tokenizer = store.get("bpe_tokenizer", dataset.manifest["tokenizer_id"])
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = model_spec(config, dataset, tokenizer).artifact_id()
+        torch.set_num_threads(2)
+        two = model_spec(config, dataset, tokenizer).artifact_id()
+    finally:
+        torch.set_num_threads(before)
+    assert one != two
+    assert trained.artifact.id == (one if before == 1 else two if before == 2 else trained.artifact.id)
+    pinned = config.model_copy(update={"training": config.training.model_copy(update={"threads": 1})})
+    torch.set_num_threads(2)
+    try:
+        assert model_spec(pinned, dataset, tokenizer).recipe["threads"] == 1  # a fixed count wins
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_max_minutes_stop_publishes_a_partial_model_under_an_id_of_its_own(
+    trained: Trained, short_run: Artifact, tmp_path: Path
+) -> None:
+    config = short_config(trained.config)
+    store = copy_of(trained, tmp_path / "home")
+    partial = time_cut(store, config)
+    assert partial.reused is False
+    assert partial.id == partial_id(store, config, steps=6) != short_run.id
+    m = partial.metrics
+    assert (m["steps"], m["max_steps"], m["stopped_by"], m["partial"]) == (6, 10, "max_minutes", True)
+    assert m["tokens_seen"] == 6 * 16 * 32 and m["resumed_from_step"] is None
+    state = json.loads(partial.file("training_state.json").read_text())
+    assert (state["steps"], state["max_steps"], state["stopped_by"]) == (6, 10, "max_minutes")
+    assert state["history"][-1]["step"] == 6 and state["history"][-1]["validation_loss"] == m["validation_loss"]
+    assert store.verify(partial) == []
+    assert store.require_current(KIND).id == partial.id
+    # Nothing was published under the full recipe's id; its work directory holds the checkpoint of the stop.
+    assert store.list_ids(KIND) == sorted([trained.artifact.id, partial.id])
+    assert sorted(p.name for p in (store.root / KIND).iterdir()) == store.list_ids(KIND)  # no leftovers
+    assert [p.name for p in work_dir_for(store, short_run.id).iterdir()] == ["step-00000006"]
+
+
+def test_a_time_cut_at_the_same_step_has_the_same_id_and_bytes(
+    trained: Trained, short_run: Artifact, tmp_path: Path
+) -> None:
+    config = short_config(trained.config)
+    first_store, second_store = copy_of(trained, tmp_path / "first"), copy_of(trained, tmp_path / "second")
+    first, second = time_cut(first_store, config), time_cut(second_store, config)
+    assert second.id == first.id
+    assert second.content_sha256 == first.content_sha256
+    assert sha256_file(second.file(MODEL_FILE)) == sha256_file(first.file(MODEL_FILE))
+    # Trained again to the same step (its checkpoint lost), the published partial model is reused.
+    shutil.rmtree(work_dir_for(first_store, short_run.id))
+    again = time_cut(first_store, config)
+    assert again.reused is True and again.id == first.id and again.manifest == first.manifest
+
+
+def test_the_next_run_resumes_a_time_cut_run_to_the_uninterrupted_bytes(
+    trained: Trained, short_run: Artifact, tmp_path: Path
+) -> None:
+    config = short_config(trained.config)
+    store = copy_of(trained, tmp_path / "home")
+    partial = time_cut(store, config)
+    steps: list[int] = []
+    full = build_model_checkpoint(store, config, on_step=lambda step, record: steps.append(step))
+    assert steps == [7, 8, 9, 10]
+    assert full.reused is False and full.id == short_run.id
+    m = full.metrics
+    assert (m["steps"], m["max_steps"], m["stopped_by"], m["partial"]) == (10, 10, "max_steps", False)
+    assert m["resumed_from_step"] == 6 and m["tokens_seen"] == 10 * 16 * 32
+    assert full.content_sha256 == short_run.content_sha256
+    assert sha256_file(full.file(MODEL_FILE)) == sha256_file(short_run.file(MODEL_FILE))
+    assert m["validation_loss"] == short_run.metrics["validation_loss"]
+    assert store.require_current(KIND).id == full.id
+    assert not work_dir_for(store, full.id).exists()
+    # The partial model stays published, unchanged, under its own id.
+    assert store.list_ids(KIND) == sorted([trained.artifact.id, partial.id, full.id])
+    assert store.verify(store.get(KIND, partial.id)) == []
+
+
+def test_max_minutes_over_before_the_first_step_publishes_nothing(trained: Trained, tmp_path: Path) -> None:
+    store = copy_of(trained, tmp_path / "home")
+    readings = itertools.count(step=1000.0)  # more than max_minutes passes between any two readings
+    with pytest.raises(
+        TimeBudgetTooSmall, match="ran out before the first training step .* raise training.max_minutes"
+    ):
+        build_model_checkpoint(store, short_config(trained.config), clock=lambda: next(readings))
+    assert sorted(p.name for p in (store.root / KIND).iterdir()) == [trained.artifact.id]
+    assert store.require_current(KIND).id == trained.artifact.id
+
+
+def test_a_dataset_manifest_without_token_files_is_a_clear_error(trained: Trained, tmp_path: Path) -> None:
+    """A dataset_manifest made before the token files existed (v1) is refused, naming the fix;
+    re-materializing dataset_manifest makes training work again."""
+    store = copy_of(trained, tmp_path / "home")
+    current = store.require_current("dataset_manifest")
+    document = {key: value for key, value in read_dataset(current).items() if key != "token_files"}
+
+    def produce(staging: Path) -> Produced:
+        (staging / "dataset.json").write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+        return Produced("v1-content", current.metrics, extra={"tokenizer_id": current.manifest["tokenizer_id"]})
+
+    inputs = tuple((item["kind"], item["id"]) for item in current.manifest["inputs"])
+    spec = ArtifactSpec("dataset_manifest", "dataset_manifest-v1", current.manifest["config_sha256"], inputs=inputs)
+    old = store.build(spec, produce)
+    assert store.require_current("dataset_manifest").id == old.id
+    with pytest.raises(OutdatedDataset) as error:
+        build_model_checkpoint(store, trained.config)
+    assert str(error.value) == (
+        f"dataset_manifest artifact {old.id} has no token files (train.bin, validation.bin): it was made by "
+        "dataset_manifest-v1, an older dataset_manifest; re-materialize it with "
+        "`dagster asset materialize -m orchestration.definitions --select dataset_manifest`, then retry"
+    )
+    assert store.list_ids(KIND) == [trained.artifact.id]
+    rebuilt = build_dataset_manifest(store, trained.config)
+    assert rebuilt.id == current.id != old.id
+    assert build_model_checkpoint(store, trained.config).id == trained.artifact.id
 
 
 # ---- integrity-checked loading --------------------------------------------------------------

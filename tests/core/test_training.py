@@ -1,14 +1,16 @@
 """The training loop on small synthetic token streams: schedule, determinism, stopping,
-resuming after a kill, and checkpoints that are safetensors + JSON only (no pickle)."""
+resuming after a kill or a max_minutes stop, streams read from token files, and
+checkpoints that are safetensors + JSON only (no pickle)."""
 
 from __future__ import annotations
 
 import io
+import itertools
+import json
 import math
 import tokenize
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,8 +22,9 @@ from aieng_core.config import TrainingConfig
 from aieng_core.model.llama import LlamaConfig
 from aieng_core.model.weights import unique_state_dict
 from aieng_core.training import trainer
-from aieng_core.training.corpus import unigram_cross_entropy
-from aieng_core.training.trainer import latest_checkpoint, learning_rate, train
+from aieng_core.training.corpus import TokenFile, unigram_cross_entropy
+from aieng_core.training.trainer import TimeBudgetTooSmall, latest_checkpoint, learning_rate, train
+from tests.core.fake_clock import StepClock
 
 VOCAB = 40
 MODEL = LlamaConfig(
@@ -180,28 +183,87 @@ def test_seeded_runs_with_one_thread_are_bitwise_identical(tmp_path: Path, resto
     assert_bitwise_equal(weights(first), weights(second))
 
 
-def test_tiny_max_minutes_stops_before_max_steps(tmp_path: Path) -> None:
-    config = training_config(max_minutes=1e-9, max_steps=1000)
-    outcome = train(MODEL, config, TRAIN_TOKENS, VALIDATION_TOKENS, tmp_path / "work")
+def test_max_minutes_stops_the_run_on_the_training_clock(tmp_path: Path) -> None:
+    """Each step takes 10 s of a fake clock: 0.5 minutes allow exactly 3 steps."""
+    clock = StepClock(seconds_per_step=10.0)
+    config = training_config(max_minutes=0.5, max_steps=1000, eval_every=2, log_every=100)
+    outcome = train(
+        MODEL, config, TRAIN_TOKENS, VALIDATION_TOKENS, tmp_path / "work", on_step=clock.on_step, clock=clock
+    )
     assert outcome.stopped_by == "max_minutes"
-    assert outcome.steps < 1000
-    assert outcome.tokens_seen == outcome.steps * BATCH * BLOCK
-    # The outcome still ends with a validation loss of the weights it returns.
-    assert outcome.history[-1]["step"] == outcome.steps
-    assert math.isfinite(outcome.history[-1]["validation_loss"])
+    assert outcome.steps == 3
+    assert outcome.train_seconds == 30.0
+    assert outcome.tokens_seen == 3 * BATCH * BLOCK
+    # The outcome ends with the validation loss of the weights it returns (step 3), not step 2's.
+    assert [h["step"] for h in outcome.history] == [2, 3]
+    validation = trainer.evaluate(
+        outcome.model,
+        VALIDATION_TOKENS,
+        trainer.eval_starts(len(VALIDATION_TOKENS), config),
+        config,
+        torch.device("cpu"),
+    )
+    assert outcome.history[-1] == {"step": 3, "validation_loss": validation}
 
 
-def test_max_minutes_is_measured_on_the_training_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A fake monotonic clock advancing one second per reading: the run stops once 6 s have
-    passed, part-way, after at least one step."""
-    ticks = iter(range(10**6))
-    monkeypatch.setattr(trainer, "time", SimpleNamespace(monotonic=lambda: float(next(ticks))))
-    config = training_config(max_minutes=0.1, max_steps=200, log_every=1000, eval_every=1000, checkpoint_every=1000)
-    outcome = train(MODEL, config, TRAIN_TOKENS, VALIDATION_TOKENS, tmp_path / "work")
-    assert outcome.stopped_by == "max_minutes"
-    assert 0 < outcome.steps < 200
-    assert outcome.train_seconds >= 6.0
-    assert outcome.tokens_seen == outcome.steps * BATCH * BLOCK
+@pytest.mark.parametrize("stop_after", [6, 8])  # 8 is also a checkpoint_every step, 6 is not
+def test_a_run_stopped_by_max_minutes_resumes_to_max_steps_bitwise(tmp_path: Path, stop_after: int) -> None:
+    config = training_config(max_minutes=1)  # checkpoint_every 4, max_steps 12
+    reference = train(MODEL, config, TRAIN_TOKENS, VALIDATION_TOKENS, tmp_path / "uninterrupted")
+
+    work = tmp_path / "work"
+    clock = StepClock(seconds_per_step=60 / stop_after)
+    stopped = train(MODEL, config, TRAIN_TOKENS, VALIDATION_TOKENS, work, on_step=clock.on_step, clock=clock)
+    assert (stopped.stopped_by, stopped.steps) == ("max_minutes", stop_after)
+    # It left a checkpoint where it stopped, and only that one.
+    assert [p.name for p in work.iterdir()] == [f"step-{stop_after:08d}"]
+    saved = json.loads((work / f"step-{stop_after:08d}" / "state.json").read_text())
+    # Saved at the stop (60 s), or, on a checkpoint_every step, right after that step, before its on_step.
+    seconds = 60.0 if stop_after % config.checkpoint_every else 60.0 - clock.seconds_per_step
+    assert (saved["step"], saved["tokens_seen"], saved["train_seconds"]) == (
+        stop_after,
+        stop_after * BATCH * BLOCK,
+        seconds,
+    )
+
+    # The next run resumes although the checkpoint's 60 s already fill max_minutes: the limit is per run.
+    steps_after_resume: list[int] = []
+    resumed = train(
+        MODEL, config, TRAIN_TOKENS, VALIDATION_TOKENS, work, on_step=lambda s, r: steps_after_resume.append(s)
+    )
+    assert resumed.resumed_from == stop_after
+    assert steps_after_resume == list(range(stop_after + 1, 13))
+    assert (resumed.stopped_by, resumed.steps) == ("max_steps", 12)
+    assert_bitwise_equal(weights(resumed), weights(reference))
+    # The stopped run's final evaluation is not in the history it passed on.
+    assert without_timings(resumed.history) == without_timings(reference.history)
+
+
+def minutes_pass_at_every_reading() -> Callable[[], float]:
+    """A clock on which 100 s pass between any two readings: max_minutes 1 runs out at once."""
+    readings = itertools.count(step=100.0)
+    return lambda: next(readings)
+
+
+def test_max_minutes_over_before_the_first_step_is_an_error(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    config = training_config(max_minutes=1)
+    with pytest.raises(TimeBudgetTooSmall, match=r"max_minutes \(1.0\) ran out before the first training step"):
+        train(MODEL, config, TRAIN_TOKENS, VALIDATION_TOKENS, work, clock=minutes_pass_at_every_reading())
+    assert list(work.iterdir()) == []
+
+    # A resumed run that gets no step done is refused too, its checkpoint left as it was.
+    def die(step: int, record: dict) -> None:
+        if step == 5:
+            raise Kill
+
+    with pytest.raises(Kill):
+        train(MODEL, training_config(), TRAIN_TOKENS, VALIDATION_TOKENS, work, on_step=die)
+    before = sorted(p.relative_to(work) for p in work.rglob("*"))
+    with pytest.raises(TimeBudgetTooSmall, match="at step 4 of 12"):
+        train(MODEL, config, TRAIN_TOKENS, VALIDATION_TOKENS, work, clock=minutes_pass_at_every_reading())
+    assert sorted(p.relative_to(work) for p in work.rglob("*")) == before
+    assert latest_checkpoint(work) == work / "step-00000004"
 
 
 def test_too_short_streams_are_refused(tmp_path: Path) -> None:
@@ -209,6 +271,47 @@ def test_too_short_streams_are_refused(tmp_path: Path) -> None:
         train(MODEL, training_config(), TRAIN_TOKENS[:10], VALIDATION_TOKENS, tmp_path / "a")
     with pytest.raises(ValueError, match="validation stream has 5 tokens"):
         train(MODEL, training_config(), TRAIN_TOKENS, VALIDATION_TOKENS[:5], tmp_path / "b")
+
+
+# ---- streams read from token files ----------------------------------------------------------
+
+
+def token_file(path: Path, tokens: np.ndarray, dtype: str = "<u2") -> TokenFile:
+    tokens.astype(dtype).tofile(path)
+    return TokenFile(path, np.dtype(dtype), len(tokens))
+
+
+def test_training_on_token_files_equals_training_on_arrays(tmp_path: Path) -> None:
+    config = training_config()
+    in_memory = train(MODEL, config, TRAIN_TOKENS, VALIDATION_TOKENS, tmp_path / "a")
+    train_file = token_file(tmp_path / "train.bin", TRAIN_TOKENS)
+    validation_file = token_file(tmp_path / "validation.bin", VALIDATION_TOKENS, "<u4")
+    from_files = train(MODEL, config, train_file, validation_file, tmp_path / "b")
+    assert_bitwise_equal(weights(from_files), weights(in_memory))
+    assert without_timings(from_files.history) == without_timings(in_memory.history)
+
+
+def test_token_file_reads_like_an_array(tmp_path: Path) -> None:
+    stream = token_file(tmp_path / "train.bin", TRAIN_TOKENS)
+    assert (tmp_path / "train.bin").stat().st_size == 2 * len(TRAIN_TOKENS)
+    assert len(stream) == 3000
+    index = np.array([[0, 1, 2], [2997, 2998, 2999]])
+    assert np.array_equal(stream[index], TRAIN_TOKENS[index])
+    assert np.array_equal(stream[10:20], TRAIN_TOKENS[10:20])
+    assert type(stream[10:20]) is np.ndarray  # a copy in memory, not a view of the map
+    empty = token_file(tmp_path / "empty.bin", np.empty(0, dtype=np.int64))
+    assert len(empty) == 0 and empty[0:5].size == 0
+
+
+def test_unigram_baseline_read_in_chunks_equals_the_whole_computation(tmp_path: Path) -> None:
+    counts = np.bincount(TRAIN_TOKENS, minlength=VOCAB) + 1.0
+    expected = float(-np.log(counts / counts.sum())[VALIDATION_TOKENS].mean())
+    train_file = token_file(tmp_path / "train.bin", TRAIN_TOKENS)
+    validation_file = token_file(tmp_path / "validation.bin", VALIDATION_TOKENS)
+    for chunk_tokens in (7, 1000, 1 << 18):  # chunks that split the streams anywhere, and one chunk
+        baseline = unigram_cross_entropy(train_file, validation_file, VOCAB, chunk_tokens=chunk_tokens)
+        assert baseline == pytest.approx(expected, rel=1e-12), chunk_tokens
+    assert math.isnan(unigram_cross_entropy(train_file, VALIDATION_TOKENS[:0], VOCAB))
 
 
 # ---- kill and resume ------------------------------------------------------------------------
@@ -292,7 +395,7 @@ def test_no_pickle_or_torch_load_in_the_library() -> None:
     root = Path(aieng_core.__file__).parent
     offenders = []
     sources = [p for p in sorted(root.rglob("*.py")) if "bench" not in p.relative_to(root).parts[:1]]
-    assert any(p.name == "trainer.py" for p in sources) and any(p.name == "checkpoint.py" for p in sources)
+    assert any(p.name == "trainer.py" for p in sources) and any(p.name == "hf_files.py" for p in sources)
     for path in sources:
         text = path.read_text(encoding="utf-8")
         if "torch.load(" in text:

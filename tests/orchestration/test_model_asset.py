@@ -9,6 +9,7 @@ current in copies of the home, and the checks are invoked on them.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import math
 import re
@@ -28,10 +29,11 @@ from aieng_core.model.hf_files import CONFIG_FILE, MODEL_FILE, checkpoint_config
 from aieng_core.model.llama import expected_parameters
 from aieng_core.store import Artifact, ArtifactSpec, ArtifactStore, Produced
 from aieng_core.training import model_checkpoint as model_core
-from orchestration.assets.model import NUMBERS, model_checkpoint
+from orchestration.assets.model import model_checkpoint
 from orchestration.checks import ALL_CHECKS, beats_unigram_baseline, parameter_count_matches_config, weights_finite
 from orchestration.resources import AiengResource
 from tests.conftest import TINY_CONFIG
+from tests.core.fake_clock import StepClock
 from tests.orchestration.helpers import (
     ALL_DEMO_DAYS,
     ASSET_DEFS,
@@ -91,7 +93,10 @@ def test_metadata_carries_the_numeric_metrics(graph: Materialized) -> None:
     assert values["artifact_id"] == artifact.id
     assert values["content_sha256"] == artifact.content_sha256
     assert values["reused"] is False
-    for name in NUMBERS:
+    # Every number the core lists is shown, but resumed_from_step, which is None: this run started from scratch.
+    shown = {name for name in model_core.NUMERIC_METRICS if name in values}
+    assert shown == set(model_core.NUMERIC_METRICS) - {"resumed_from_step"}
+    for name in shown:
         assert isinstance(values[name], (int, float)) and not isinstance(values[name], bool), name
         assert values[name] == artifact.metrics[name], name
     for name in ("train_loss", "validation_loss", "train_perplexity", "validation_perplexity", "unigram_baseline_loss",
@@ -99,7 +104,9 @@ def test_metadata_carries_the_numeric_metrics(graph: Materialized) -> None:
                  "weights_bytes_bf16", "weights_bytes_int8", "gpu_rule_gib_fp32"):  # fmt: skip
         assert name in values, name
     assert values["stopped_by"] == "max_steps"
-    assert values["steps"] == 150
+    assert values["partial"] is False
+    assert values["training"] == "complete: 150 of 150 steps"
+    assert values["steps"] == values["max_steps"] == 150
     assert values["tokens_seen"] == 150 * 16 * 32
     assert values["parameters"] == TINY_PARAMETERS
     assert values["weights_bytes_fp32"] == 4 * TINY_PARAMETERS
@@ -127,10 +134,43 @@ def test_rerun_reuses_the_model(graph: Materialized) -> None:
     assert first["reused"] is False and again["reused"] is True
     assert again["artifact_id"] == first["artifact_id"]
     assert again["content_sha256"] == first["content_sha256"]
-    assert {name: again[name] for name in NUMBERS} == {name: first[name] for name in NUMBERS}
+    numbers = model_core.NUMERIC_METRICS
+    assert {name: again.get(name) for name in numbers} == {name: first.get(name) for name in numbers}
     assert graph.store.list_ids("model_checkpoint") == [first["artifact_id"]]
     # The manifest still names the run that trained it.
     assert graph.store.require_current("model_checkpoint").manifest["dagster_run_id"] == graph.first.run_id
+
+
+def test_a_run_stopped_by_max_minutes_shows_a_partial_model_and_the_next_run_completes_it(
+    graph: Materialized, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "aieng-home"
+    shutil.copytree(graph.home, home)
+    config_path = tmp_path / "ten-steps.yaml"
+    config_path.write_text(TINY_CONFIG.read_text(encoding="utf-8").replace("max_steps: 150", "max_steps: 10"))
+    aieng = AiengResource(home=str(home), config_path=str(config_path))
+    # Each step takes 20 s of a fake clock: max_minutes (2) stops the first run after 6 steps.
+    clock = StepClock(seconds_per_step=20.0)
+    timed = functools.partial(model_core.build_model_checkpoint, on_step=clock.on_step, clock=clock)
+    with dg.instance_for_test() as instance:
+        with monkeypatch.context() as patch:
+            patch.setattr(model_core, "build_model_checkpoint", timed)
+            stopped = dg.materialize([model_checkpoint], instance=instance, resources={"aieng": aieng})
+        completed = dg.materialize([model_checkpoint], instance=instance, resources={"aieng": aieng})
+    partial, full = meta(model_materialization(stopped)), meta(model_materialization(completed))
+    assert (partial["partial"], partial["stopped_by"], partial["steps"], partial["max_steps"]) == (
+        True, "max_minutes", 6, 10
+    )  # fmt: skip
+    assert partial["training"] == (
+        "**partial model**: stopped by max_minutes after 6 of 10 steps; materialize again to resume to max_steps"
+    )
+    assert "resumed_from_step" not in partial
+    assert (full["partial"], full["stopped_by"], full["steps"], full["max_steps"]) == (False, "max_steps", 10, 10)
+    assert full["training"] == "complete: 10 of 10 steps"
+    assert full["resumed_from_step"] == 6
+    assert full["artifact_id"] != partial["artifact_id"]
+    assert full["content_sha256"] != partial["content_sha256"]
+    assert ArtifactStore(home).require_current("model_checkpoint").id == full["artifact_id"]
 
 
 def test_check_metadata_reports_what_was_checked(graph: Materialized) -> None:
