@@ -7,9 +7,10 @@ so the same data gives the same hash on any machine, path or day.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 import pyarrow as pa
@@ -42,7 +43,8 @@ def sha256_stream(stream: BinaryIO) -> tuple[str, int]:
     size = 0
     buffer = bytearray(CHUNK_BYTES)
     view = memoryview(buffer)
-    while n := stream.readinto(buffer):
+    reader = cast(io.RawIOBase, stream)  # every binary file has readinto; typing's BinaryIO omits it
+    while n := reader.readinto(buffer):
         digest.update(view[:n])
         size += n
     return digest.hexdigest(), size
@@ -82,7 +84,6 @@ class ColumnHasher:
 
 
 def _column_parts(array: pa.Array) -> tuple[bytes, bytes | memoryview]:
-    nulls = np.asarray(array.is_null())
     kind = array.type
     if (
         pa.types.is_string(kind)
@@ -93,7 +94,8 @@ def _column_parts(array: pa.Array) -> tuple[bytes, bytes | memoryview]:
         width = np.int64 if (pa.types.is_large_string(kind) or pa.types.is_large_binary(kind)) else np.int32
         offsets = np.frombuffer(array.buffers()[1], dtype=width)[array.offset : array.offset + len(array) + 1]
         lengths = np.diff(offsets).astype("<i8")
-        lengths[nulls] = -1
+        if array.null_count:  # the null mask costs as much as the rest; most columns have none
+            lengths[np.asarray(array.is_null())] = -1
         data = array.buffers()[2]
         values = memoryview(data)[int(offsets[0]) : int(offsets[-1])] if data is not None else b""
         return lengths.tobytes(), values
@@ -102,6 +104,7 @@ def _column_parts(array: pa.Array) -> tuple[bytes, bytes | memoryview]:
         flat = np.asarray(array.flatten())
         return lengths.tobytes(), flat.astype(flat.dtype.newbyteorder("<"), copy=False).tobytes()
     if pa.types.is_integer(kind):
-        values = np.asarray(array.fill_null(0)).astype("<i8")
-        return nulls.astype(np.uint8).tobytes(), values.tobytes()
+        nulls = np.asarray(array.is_null())
+        numbers = np.asarray(array.fill_null(0)).astype("<i8")
+        return nulls.astype(np.uint8).tobytes(), numbers.tobytes()
     raise TypeError(f"cannot hash a column of type {kind}")
