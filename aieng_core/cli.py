@@ -101,14 +101,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.suite == "model":
         from aieng_core.bench.model_bench import format_model_results, run_model_bench
 
-        _emit(run_model_bench(out=args.out, config=args.config), args.json, format_model_results)
+        _emit(
+            run_model_bench(steps=args.steps, rounds=args.rounds, out=args.out, config=args.config),
+            args.json,
+            format_model_results,
+        )
         return 0
     if args.suite != "data":
         raise ValueError(f"benchmark suite {args.suite!r} is not available yet; choose 'data' or 'model'")
     from aieng_core.bench.data_bench import format_results, run_data_bench
 
     _emit(
-        run_data_bench(size_mb=args.size_mb, large_mb=args.large_mb, out=args.out, config=args.config),
+        run_data_bench(
+            size_mb=args.size_mb, large_mb=args.large_mb, cli_mb=args.cli_mb, out=args.out, config=args.config
+        ),
         args.json,
         format_results,
     )
@@ -163,6 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--large-mb", type=float, default=200.0, help="size of the large partition for the memory run (default 200)"
     )
+    bench.add_argument(
+        "--cli-mb", type=float, default=40.0, help="size of the partition run through the Dagster CLI (default 40)"
+    )
+    bench.add_argument("--rounds", type=int, default=3, help="model: rounds per side, order alternated (default 3)")
+    bench.add_argument("--steps", type=int, default=20, help="model: timed training steps per run (default 20)")
     bench.add_argument("--out", help="also write the JSON results to this file")
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(handler=cmd_bench)

@@ -67,6 +67,7 @@ STAGE_SOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
             "training/model_checkpoint.py",
             "training/trainer.py",
             "training/corpus.py",
+            "dataset/dataset_manifest.py",  # the token files' format, which corpus.py reads
             "model/llama.py",
             "model/hf_files.py",
             "model/weights.py",

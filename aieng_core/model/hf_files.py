@@ -67,7 +67,9 @@ def load_model(artifact: Artifact, device: str | torch.device = "cpu") -> LlamaF
     """The model of a model_checkpoint artifact, integrity-checked, memory-mapped."""
     config = checkpoint_config(artifact)
     tensors = _stored_tensors(artifact, device)
-    with torch.device("meta"):  # shapes only: the stored tensors become the parameters
+    # Shapes only: the stored tensors become the parameters (memory-mapped, except q/k/v and
+    # gate/up, which load_into stacks into new tensors).
+    with torch.device("meta"):
         model = LlamaForCausalLM(config)
     load_into(model, tensors, assign=True)
     return model.to(device).eval()

@@ -3,8 +3,10 @@
 Token embedding -> N x [RMSNorm -> grouped-query attention with rotary positions -> residual,
 RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> LM head (optionally tied to the embedding).
 
-Parameter names and config keys are those of transformers' LlamaForCausalLM, so the
-safetensors we write load there unchanged, and theirs load here.
+Parameter and config names are those of transformers' LlamaForCausalLM, except that q/k/v
+and gate/up are each one matrix here (fewer, larger matmuls: faster training on CPU).
+weights.py splits them on save and stacks them on load, so the safetensors we write load
+in transformers unchanged, and theirs load here.
 """
 
 from __future__ import annotations
@@ -108,16 +110,16 @@ class Attention(nn.Module):
         self.n_heads = config.num_attention_heads
         self.n_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        self.q_proj = nn.Linear(config.hidden_size, self.n_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(config.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(config.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
+        # q, k and v in one matrix (rows: q heads, then k heads, then v heads): one matmul
+        # instead of three, forward and backward. Stored split, as q_proj/k_proj/v_proj
+        # (see weights.py).
+        self.qkv_proj = nn.Linear(config.hidden_size, (self.n_heads + 2 * self.n_kv_heads) * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
-        q = self.q_proj(x).view(batch, seq, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        qkv = self.qkv_proj(x).view(batch, seq, self.n_heads + 2 * self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = qkv.split([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=1)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         # Grouped-query attention: each key/value head serves n_heads / n_kv_heads query heads.
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
@@ -129,12 +131,13 @@ class MLP(nn.Module):
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        # gate and up in one matrix (gate rows first), stored split as gate_proj/up_proj.
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -158,6 +161,41 @@ class LlamaBody(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class _CrossEntropy(torch.autograd.Function):
+    """F.cross_entropy(logits, targets, ignore_index=-100) with a leaner backward.
+
+    The gradient of the mean loss is (softmax - one_hot(target)) / count per row. Autograd's
+    version fills a zero tensor the size of the logits, scatters into it, then runs
+    log_softmax's backward: three passes over the largest tensor of the step. Here the saved
+    log-probabilities are turned into the gradient in place, in two.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        valid = targets != -100
+        safe_targets = targets.masked_fill(~valid, 0)
+        log_probs = torch.log_softmax(logits, dim=-1)
+        count = valid.sum()
+        picked = log_probs.gather(1, safe_targets[:, None]).squeeze(1)
+        ctx.save_for_backward(log_probs, safe_targets, valid, count)
+        return -(picked * valid).sum() / count
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        # Overwrites the saved log-probabilities: a second backward through the same graph
+        # fails loudly (autograd sees the changed version), it cannot go wrong silently.
+        log_probs, safe_targets, valid, count = ctx.saved_tensors
+        scale = (grad / count) * valid
+        result = log_probs.exp_().mul_(scale[:, None])
+        result.scatter_add_(1, safe_targets[:, None], -scale[:, None])
+        return result, None
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of (N, vocab) fp32 logits against (N,) targets, skipping -100."""
+    return _CrossEntropy.apply(logits, targets)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -200,7 +238,7 @@ class LlamaForCausalLM(nn.Module):
         logits = self.lm_head(self.model.norm(x))
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)
+            loss = cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
 
     @torch.no_grad()

@@ -19,7 +19,7 @@ import transformers
 from safetensors.torch import load_file
 
 from aieng_core.model.hf_files import CONFIG_FILE, GENERATION_CONFIG_FILE, MODEL_FILE, save_model_dir
-from aieng_core.model.llama import LlamaConfig, LlamaForCausalLM, expected_parameters
+from aieng_core.model.llama import LlamaConfig, LlamaForCausalLM, cross_entropy, expected_parameters
 from aieng_core.model.memory import memory_budget
 from aieng_core.model.weights import load_into, unique_state_dict
 
@@ -342,3 +342,78 @@ def test_memory_budget_exact_values() -> None:
     for name, size in {"fp32": 4, "bf16": 2, "int8": 1}.items():
         assert budget[f"gpu_rule_gib_{name}"] == pytest.approx(1e9 * size * 1.3 / 2**30 + 2, abs=5e-5)
     assert math.isclose(memory_budget(0)["gpu_rule_gib_fp32"], 2.0)
+
+
+# ---- fused projections and the loss ---------------------------------------------------------
+
+
+def test_fused_projections_are_stored_as_transformers_separate_matrices() -> None:
+    config = small_config(num_key_value_heads=2)
+    model = ours_with_random_weights(config, seed=13)
+    stored = unique_state_dict(model)
+    layer = model.model.layers[1]
+    # Rows in order: q (4 heads x 8), k (2 x 8), v (2 x 8); gate (80), up (80).
+    qkv, gate_up = layer.self_attn.qkv_proj.weight, layer.mlp.gate_up_proj.weight
+    assert torch.equal(stored["model.layers.1.self_attn.q_proj.weight"], qkv[:32])
+    assert torch.equal(stored["model.layers.1.self_attn.k_proj.weight"], qkv[32:48])
+    assert torch.equal(stored["model.layers.1.self_attn.v_proj.weight"], qkv[48:])
+    assert torch.equal(stored["model.layers.1.mlp.gate_proj.weight"], gate_up[:80])
+    assert torch.equal(stored["model.layers.1.mlp.up_proj.weight"], gate_up[80:])
+    # A snapshot, not views of the parameters: a later training step does not change it.
+    with torch.no_grad():
+        qkv.add_(1.0)
+    assert torch.equal(stored["model.layers.1.self_attn.q_proj.weight"] + 1.0, qkv[:32])
+
+
+def test_stored_weights_round_trip_through_load_into_exactly(tmp_path: Path) -> None:
+    source = ours_with_random_weights(small_config(), seed=14)
+    target = LlamaForCausalLM(small_config())
+    load_into(target, load_file_after_saving(source, tmp_path))
+    for (name, mine), (_, theirs) in zip(source.state_dict().items(), target.state_dict().items(), strict=True):
+        assert torch.equal(mine, theirs), name
+    assert target.lm_head.weight is target.model.embed_tokens.weight
+
+
+def load_file_after_saving(model: LlamaForCausalLM, directory: Path) -> dict[str, torch.Tensor]:
+    save_model_dir(model, directory)
+    return load_file(directory / MODEL_FILE)
+
+
+def test_loss_and_its_gradient_equal_torch_cross_entropy() -> None:
+    generator = torch.Generator().manual_seed(15)
+    logits = (3 * torch.randn(40, VOCAB, generator=generator)).requires_grad_()
+    targets = torch.randint(0, VOCAB, (40,), generator=generator)
+    targets[::7] = -100  # ignored positions count neither in the mean nor in the gradient
+    reference = F.cross_entropy(logits, targets, ignore_index=-100)
+    (expected,) = torch.autograd.grad(2.5 * reference, logits)
+    loss = cross_entropy(logits, targets)
+    (gradient,) = torch.autograd.grad(2.5 * loss, logits)
+    assert loss.item() == pytest.approx(reference.item(), rel=1e-6)
+    assert (gradient - expected).abs().max().item() < 1e-7
+    assert gradient[::7].abs().max().item() == 0.0
+    assert expected.abs().max().item() > 1e-3  # the gradient compared is not trivially zero
+
+
+def test_second_backward_through_the_loss_is_refused() -> None:
+    logits = torch.randn(4, VOCAB, requires_grad=True)
+    loss = cross_entropy(logits, torch.tensor([1, 2, 3, 4]))
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+def test_training_steps_are_deterministic_for_a_fixed_seed() -> None:
+    def two_steps() -> dict[str, torch.Tensor]:
+        torch.manual_seed(16)
+        model = LlamaForCausalLM(small_config())
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for seed in (17, 18):
+            ids = prompts(seed, batch=4, length=12)
+            _, loss = model(ids[:, :-1], ids[:, 1:])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        return unique_state_dict(model)
+
+    first, second = two_steps(), two_steps()
+    assert all(torch.equal(first[name], second[name]) for name in first)
