@@ -76,6 +76,7 @@ def _transformers(directory: Path) -> tuple[torch.nn.Module, Callable[[torch.Ten
 def train_side(side: str, directory: Path) -> dict[str, Any]:
     """Run the shared loop on one side's model; tokens/s over the steps after warmup."""
     loop = json.loads((directory / LOOP_FILE).read_text(encoding="utf-8"))
+    load_before = os.getloadavg()[0]  # recorded so that a run on a busy machine shows as such
     torch.set_num_threads(loop["threads"])
     model, loss_of = (_ours if side == "ours" else _transformers)(directory)
     model.train()
@@ -100,6 +101,7 @@ def train_side(side: str, directory: Path) -> dict[str, Any]:
         "side": side,
         "pid": os.getpid(),
         "threads": torch.get_num_threads(),
+        "load_average_1min_before": load_before,
         "steps_measured": measured,
         "seconds": seconds,
         "tokens_per_second": measured * windows[0, :, :-1].numel() / seconds,

@@ -57,6 +57,7 @@ def test_summary_is_computed_from_the_rounds(results: dict) -> None:
     for side in ("ours", "transformers"):
         rates = [record[side]["tokens_per_second"] for record in training["rounds"]]
         assert all(record[side]["steps_measured"] == 2 for record in training["rounds"])
+        assert all(record[side]["load_average_1min_before"] >= 0 for record in training["rounds"])
         summary = training[side]
         assert summary["tokens_per_second"] == rates
         assert summary["median_tokens_per_second"] == statistics.median(rates) > 0
