@@ -140,12 +140,12 @@ def build_model_checkpoint(
     """Train (or reuse) the model of the current dataset; `clock` (seconds) is what
     `max_minutes` is measured on."""
     from aieng_core.training.corpus import open_token_streams, unigram_cross_entropy
-    from aieng_core.training.trainer import pick_device, train
+    from aieng_core.training.trainer import train
 
     dataset = store.require_current(DATASET_KIND)
     tokenizer = store.check_input(store.get(TOKENIZER_KIND, dataset.manifest["tokenizer_id"]))
     spec = model_spec(config, dataset, tokenizer)
-    device = pick_device(config.training.device)
+    device = spec.recipe["device"]  # the recipe's device is the one training runs on
     # Keyed by the full recipe: every run towards max_steps, stopped early or killed, resumes here.
     work_dir = work_dir_for(store, spec.artifact_id())
 
@@ -164,7 +164,7 @@ def build_model_checkpoint(
         trained = _Trained(outcome, baseline, len(train_tokens), len(validation_tokens))
         if outcome.stopped_by == "max_minutes":
             raise _StoppedEarly(trained)
-        return _write_artifact(staging, trained, tokenizer, config, device.type)
+        return _write_artifact(staging, trained, tokenizer, config, device)
 
     # A model stopped by max_minutes is not the full recipe's: produce() raises it out of that build
     # (its staging directory is discarded) and it is published under a recipe recording its steps.
@@ -176,7 +176,7 @@ def build_model_checkpoint(
             spec, recipe={**spec.recipe, "steps": trained.outcome.steps, "stopped_by": trained.outcome.stopped_by}
         )
         artifact = store.build(
-            partial, lambda staging: _write_artifact(staging, trained, tokenizer, config, device.type), run, logger
+            partial, lambda staging: _write_artifact(staging, trained, tokenizer, config, device), run, logger
         )
         logger.warning(
             f"{KIND}: stopped by max_minutes after {trained.outcome.steps} of {config.training.max_steps} steps; "

@@ -46,15 +46,22 @@ def test_comments_docstrings_and_formatting_need_no_bump(tmp_path: Path, monkeyp
     assert code_versions.problems() == []
 
 
-def test_lock_refuses_to_give_a_version_another_source(tmp_path: Path, monkeypatch) -> None:
+def edit_bpe_in_a_copy(tmp_path: Path, monkeypatch) -> Path:
+    """Point code_versions at a copy of the package with tokenizer/bpe.py changed, and at a
+    copy of the lock; returns the lock copy."""
     copy = copy_package(tmp_path)
     bpe = copy / "tokenizer" / "bpe.py"
     bpe.write_text(bpe.read_text(encoding="utf-8") + "\nEXTRA = 1\n", encoding="utf-8")
     lock_copy = tmp_path / "code_versions.json"
     shutil.copy(code_versions.LOCK_FILE, lock_copy)
-    before = lock_copy.read_bytes()
     monkeypatch.setattr(code_versions, "PACKAGE", copy)
     monkeypatch.setattr(code_versions, "LOCK_FILE", lock_copy)
+    return lock_copy
+
+
+def test_lock_refuses_to_give_a_version_another_source(tmp_path: Path, monkeypatch) -> None:
+    lock_copy = edit_bpe_in_a_copy(tmp_path, monkeypatch)
+    before = lock_copy.read_bytes()
     refused = code_versions.lock()
     assert {problem.split(":")[0] for problem in refused} == {
         "bpe_tokenizer",
@@ -65,13 +72,7 @@ def test_lock_refuses_to_give_a_version_another_source(tmp_path: Path, monkeypat
 
 
 def test_a_same_behaviour_edit_is_recorded_only_when_claimed(tmp_path: Path, monkeypatch) -> None:
-    copy = copy_package(tmp_path)
-    bpe = copy / "tokenizer" / "bpe.py"
-    bpe.write_text(bpe.read_text(encoding="utf-8") + "\nEXTRA = 1\n", encoding="utf-8")
-    lock_copy = tmp_path / "code_versions.json"
-    shutil.copy(code_versions.LOCK_FILE, lock_copy)
-    monkeypatch.setattr(code_versions, "PACKAGE", copy)
-    monkeypatch.setattr(code_versions, "LOCK_FILE", lock_copy)
+    edit_bpe_in_a_copy(tmp_path, monkeypatch)
     before = code_versions.read_lock()
     assert code_versions.lock(same_behaviour=True) == []
     after = code_versions.read_lock()
