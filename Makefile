@@ -11,7 +11,7 @@ export DAGSTER_HOME ?= $(AIENG_HOME)/dagster
 DEMO_RANGE ?= 2026-01-01...2026-01-03
 PYTEST_ARGS ?=
 
-.PHONY: install run dev lint test bench lock clean-state
+.PHONY: install run serve dev lint test bench lock clean-state
 
 # torch first, pinned to the CPU build on local disk: a bare `torch` pulls a multi-GB CUDA build.
 # constraints.txt pins every package to the versions the tests last passed with.
@@ -28,11 +28,18 @@ $(DAGSTER_HOME)/dagster.yaml: configs/dagster.yaml
 	mkdir -p $(DAGSTER_HOME)
 	cp configs/dagster.yaml $@
 
-## run: set up, land demo data, materialize the whole data graph, show what it made
+## run: set up, land demo data, materialize the whole graph (data, model, serving bundle), show what it made
 run: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/aieng demo-data --if-missing
-	$(BIN)/dagster asset materialize -m orchestration.definitions --select '*' --partition-range $(DEMO_RANGE)
+	$(BIN)/dagster asset materialize -m orchestration.definitions --select '*' --partition-range $(DEMO_RANGE) || { \
+	  echo "make run: materializing the model and bundle once more (a model stopped by training.max_minutes resumes where it stopped; a partial model is never bundled)" >&2; \
+	  $(BIN)/dagster asset materialize -m orchestration.definitions --select 'model_checkpoint*'; }
 	$(BIN)/aieng data status
+	$(BIN)/aieng bundle current
+
+## serve: serve the current serving bundle on http://127.0.0.1:8000 (after `make run`; Ctrl-C stops it)
+serve: install
+	bundle="$$($(BIN)/aieng bundle current --path)" && exec $(BIN)/aieng serve --bundle "$$bundle"
 
 ## dev: the Dagster UI on http://127.0.0.1:3000 (same AIENG_HOME and DAGSTER_HOME)
 dev: install $(DAGSTER_HOME)/dagster.yaml
@@ -52,6 +59,7 @@ test: lint
 bench: install
 	$(BIN)/aieng bench data --out bench-results/data.json
 	$(BIN)/aieng bench model --out bench-results/model.json
+	$(BIN)/aieng bench serving --out bench-results/serving.json
 
 ## lock: re-pin constraints.txt to what the venv has now (after changing dependencies)
 lock: install

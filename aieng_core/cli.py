@@ -6,8 +6,10 @@ import argparse
 import datetime as dt
 import json
 import logging
+import shlex
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from aieng_core.config import ConfigError, load_config
@@ -97,7 +99,104 @@ def cmd_model_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bundle_build(args: argparse.Namespace) -> int:
+    from aieng_core.bundle.serving_bundle import build_serving_bundle
+
+    artifact = build_serving_bundle(ArtifactStore(resolve_home(args.home)), load_config(args.config))
+    result = {"id": artifact.id, "reused": artifact.reused, "path": str(artifact.path), "metrics": artifact.metrics}
+    _emit(
+        result,
+        args.json,
+        lambda r: (
+            f"serving_bundle {r['id']} ({'reused' if r['reused'] else 'built'}) of model_checkpoint "
+            f"{r['metrics']['model_checkpoint_id']}\n"
+            f"  {r['metrics']['golden_prompts']} golden prompts, {r['metrics']['files']} files, "
+            f"{r['metrics']['bytes']:,} bytes\n  {r['path']}"
+        ),
+    )
+    return 0
+
+
+def _format_verify(report: dict[str, Any]) -> str:
+    lines = [f"serving bundle {report['bundle_id']} at {report['path']}: {'OK' if report['ok'] else 'FAILED'}"]
+    lines.append(f"  {report['files_checked']} files checked against the manifest")
+    for golden in report["goldens"]:
+        lines.append(f"  {'ok  ' if golden['ok'] else 'DIFF'} {golden['prompt']!r} -> {golden['got_text']!r}")
+    lines += [f"  problem: {problem}" for problem in report["problems"]]
+    return "\n".join(lines)
+
+
+def cmd_bundle_verify(args: argparse.Namespace) -> int:
+    from aieng_core.bundle.verify import verify_bundle
+
+    report = verify_bundle(Path(args.path))
+    _emit(report, args.json, _format_verify)
+    if not report["ok"]:
+        # One line naming the first file or prompt that differs; --json has them all.
+        print(f"aieng: error: {report['problems'][0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _aieng_executable() -> str:
+    """The `aieng` beside this Python (a venv's bin/), else `aieng` on PATH."""
+    beside = Path(sys.executable).parent / "aieng"
+    return str(beside) if beside.is_file() else "aieng"
+
+
+def cmd_bundle_current(args: argparse.Namespace) -> int:
+    from aieng_core.bundle.serving_bundle import KIND
+
+    artifact = ArtifactStore(resolve_home(args.home)).require_current(KIND)
+    if args.path:
+        print(artifact.path)
+        return 0
+    config = load_config(args.config)
+    prompt = config.serving.golden_prompts[0]
+    body = json.dumps({"prompt": prompt, "max_new_tokens": 32, "temperature": 0}, ensure_ascii=False)
+    result = {
+        "id": artifact.id,
+        "path": str(artifact.path),
+        "model_checkpoint_id": artifact.metrics.get("model_checkpoint_id"),
+        "lineage": artifact.manifest.get("lineage", {}),
+        "serve_command": f"{shlex.quote(_aieng_executable())} serve --bundle {shlex.quote(str(artifact.path))}",
+        "curl_command": (
+            f"curl -s http://127.0.0.1:8000/generate -H 'Content-Type: application/json' -d {shlex.quote(body)}"
+        ),
+    }
+    _emit(
+        result,
+        args.json,
+        lambda r: (
+            f"serving_bundle {r['id']} (model_checkpoint {r['model_checkpoint_id']})\n  {r['path']}\n"
+            f"serve it:\n  {r['serve_command']}\nthen query it:\n  {r['curl_command']}"
+        ),
+    )
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from aieng_core.serving.server import run_server
+
+    return run_server(
+        bundle_path=Path(args.bundle),
+        host=args.host,
+        port=args.port,
+        config=load_config(args.config),
+        log_level=args.log_level,
+    )
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.suite == "serving":
+        from aieng_core.bench.serving_bench import format_serving_results, run_serving_bench
+
+        _emit(
+            run_serving_bench(out=args.out, config=args.config, quick=args.quick, rounds=args.rounds),
+            args.json,
+            format_serving_results,
+        )
+        return 0
     if args.suite == "model":
         from aieng_core.bench.model_bench import format_model_results, run_model_bench
 
@@ -108,7 +207,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         )
         return 0
     if args.suite != "data":
-        raise ValueError(f"benchmark suite {args.suite!r} is not available yet; choose 'data' or 'model'")
+        raise ValueError(f"benchmark suite {args.suite!r} is not available; choose 'data', 'model' or 'serving'")
     from aieng_core.bench.data_bench import format_results, run_data_bench
 
     _emit(
@@ -163,6 +262,34 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--json", action="store_true")
     train.set_defaults(handler=cmd_model_train)
 
+    bundle = commands.add_parser("bundle", help="the serving bundle: build, verify, show the current one")
+    bundle_commands = bundle.add_subparsers(dest="bundle_command", required=True, metavar="SUBCOMMAND")
+    bundle_build = bundle_commands.add_parser(
+        "build", help="bundle the current model_checkpoint for serving (or reuse the bundle)"
+    )
+    bundle_build.add_argument("--json", action="store_true")
+    bundle_build.set_defaults(handler=cmd_bundle_build)
+    verify = bundle_commands.add_parser(
+        "verify", help="re-hash every file, load the model, replay the golden prompts; non-zero on any difference"
+    )
+    verify.add_argument("path", help="the bundle directory")
+    verify.add_argument("--json", action="store_true")
+    verify.set_defaults(handler=cmd_bundle_verify)
+    current = bundle_commands.add_parser("current", help="the current bundle, and the commands that serve and query it")
+    current_output = current.add_mutually_exclusive_group()
+    current_output.add_argument("--json", action="store_true")
+    current_output.add_argument("--path", action="store_true", help="print only the bundle's path")
+    current.set_defaults(handler=cmd_bundle_current)
+
+    serve = commands.add_parser("serve", help="serve a bundle over HTTP (OpenAI-compatible completions)")
+    serve.add_argument("--bundle", required=True, help="the serving bundle directory (`aieng bundle current --path`)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    serve.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log level (default info)"
+    )
+    serve.set_defaults(handler=cmd_serve)
+
     bench = commands.add_parser("bench", help="side-by-side benchmarks against peers, as JSON")
     bench.add_argument("suite", nargs="?", default="data", choices=["data", "model", "serving"])
     bench.add_argument("--size-mb", type=float, default=20.0, help="size of the synthetic partition (default 20)")
@@ -172,8 +299,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--cli-mb", type=float, default=40.0, help="size of the partition run through the Dagster CLI (default 40)"
     )
-    bench.add_argument("--rounds", type=int, default=3, help="model: rounds per side, order alternated (default 3)")
+    bench.add_argument(
+        "--rounds", type=int, default=3, help="model, serving: rounds per side, order alternated (default 3)"
+    )
     bench.add_argument("--steps", type=int, default=20, help="model: timed training steps per run (default 20)")
+    bench.add_argument("--quick", action="store_true", help="serving: fewer rounds and requests (a smoke run)")
     bench.add_argument("--out", help="also write the JSON results to this file")
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(handler=cmd_bench)

@@ -140,12 +140,69 @@ class TrainingConfig(_Section):
         return self
 
 
+DEFAULT_GOLDEN_PROMPTS = (
+    "The data pipeline",
+    "A model is trained",
+    "数据清洗",
+    "Once upon a time",
+)
+
+
+class ServingConfig(_Section):
+    """Engine limits and request defaults: copied into each serving bundle as serving.json."""
+
+    # Sequences decoded together; the KV-cache pool holds one slot per sequence.
+    max_batch: int = Field(default=64, ge=1, le=4096)
+    # Prompt + generated tokens per sequence; at most model.max_position_embeddings.
+    max_context: int = Field(default=256, ge=8)
+    # Requests queued for a slot; beyond this the server answers 429.
+    max_waiting: int = Field(default=256, ge=1)
+    # Prompt tokens prefilled per engine step (at least one request is admitted per step).
+    max_prefill_tokens: int = Field(default=4096, ge=1)
+    default_max_new_tokens: int = Field(default=64, ge=1)
+    default_temperature: float = Field(default=0.0, ge=0.0, strict=False)
+    default_top_k: int = Field(default=0, ge=0)
+    default_top_p: float = Field(default=1.0, gt=0.0, le=1.0, strict=False)
+    # Wall-clock limit of one request, queue time included: 504 when exceeded.
+    request_timeout_s: float = Field(default=60.0, gt=0, strict=False)
+    # After SIGTERM: how long in-flight requests may take to finish before the server exits.
+    drain_timeout_s: float = Field(default=30.0, ge=0, strict=False)
+    threads: int = Field(default=0, ge=0)  # 0: torch's default
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    # One warmup generation per prompt length before readiness turns 200.
+    warmup_prompt_lengths: tuple[int, ...] = Field(default=(8, 32, 128), strict=False)
+    # Greedy continuations recorded in the bundle at build time and replayed by `aieng bundle verify`.
+    golden_prompts: tuple[str, ...] = Field(default=DEFAULT_GOLDEN_PROMPTS, strict=False, min_length=1)
+    golden_max_new_tokens: int = Field(default=16, ge=1)
+    # A model stopped by max_minutes before max_steps is not bundled unless this says so.
+    allow_partial_model: bool = False
+
+    @model_validator(mode="after")
+    def _lengths_fit(self) -> ServingConfig:
+        for length in self.warmup_prompt_lengths:
+            if not 1 <= length < self.max_context:
+                raise ValueError(f"warmup_prompt_lengths: {length} is not in [1, max_context={self.max_context})")
+        if any(not prompt for prompt in self.golden_prompts):
+            raise ValueError("golden_prompts: a prompt is empty")
+        return self
+
+
 class AiengConfig(_Section):
     data: DataConfig = DataConfig()
     tokenizer: TokenizerConfig = TokenizerConfig()
     dataset: DatasetConfig = DatasetConfig()
     model: ModelConfig = ModelConfig()
     training: TrainingConfig = TrainingConfig()
+    serving: ServingConfig = ServingConfig()
+
+    @model_validator(mode="after")
+    def _context_fits_model(self) -> AiengConfig:
+        if self.serving.max_context > self.model.max_position_embeddings:
+            raise ValueError(
+                f"serving.max_context ({self.serving.max_context}) exceeds model.max_position_embeddings "
+                f"({self.model.max_position_embeddings})"
+            )
+        return self
 
     def section_sha256(self, *names: str) -> str:
         """Hash of the sections an artifact reads: it depends on nothing else in the file."""

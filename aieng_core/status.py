@@ -9,11 +9,12 @@ from aieng_core.asset_keys import CLEAN_DOCUMENTS as CLEAN_KIND
 from aieng_core.asset_keys import DATASET_MANIFEST as MANIFEST_KIND
 from aieng_core.asset_keys import MODEL_CHECKPOINT as MODEL_KIND
 from aieng_core.asset_keys import RAW_DOCUMENTS as RAW_KIND
+from aieng_core.asset_keys import SERVING_BUNDLE as BUNDLE_KIND
 from aieng_core.asset_keys import TOKENIZED_DOCUMENTS as TOKENIZED_KIND
 from aieng_core.store import ArtifactStore
 
 PARTITIONED = (RAW_KIND, CLEAN_KIND, TOKENIZED_KIND)
-UNPARTITIONED = (TOKENIZER_KIND, MANIFEST_KIND, MODEL_KIND)
+UNPARTITIONED = (TOKENIZER_KIND, MANIFEST_KIND, MODEL_KIND, BUNDLE_KIND)
 # One line of counts per partition, from the artifact's metrics.
 PARTITION_SUMMARY = {
     RAW_KIND: lambda m: f"{m['files']} files, {m['bytes']:,} bytes",
@@ -74,7 +75,20 @@ def format_status(status: dict[str, Any]) -> str:
             f"{MODEL_KIND}: {model['id']}  {m['parameters']:,} parameters, {m['steps']} steps, validation loss "
             f"{m['validation_loss']:.3f} vs unigram baseline {m['unigram_baseline_loss']:.3f} nats/token"
         )
+        if m.get("partial"):
+            lines.append(
+                f"  PARTIAL: stopped by {m['stopped_by']} after {m['steps']} of {m['max_steps']} steps; "
+                "materialize model_checkpoint again to resume"
+            )
         lines.append(f"  {model['path']}  (loads with transformers.AutoModelForCausalLM.from_pretrained)")
     else:
         lines.append(f"{MODEL_KIND}: (none)")
+    bundle = assets[BUNDLE_KIND]
+    if bundle:
+        lines.append(
+            f"{BUNDLE_KIND}: {bundle['id']}  (model_checkpoint {bundle['metrics'].get('model_checkpoint_id')})"
+        )
+        lines.append(f"  {bundle['path']}  (aieng serve --bundle PATH; `aieng bundle current` prints how to query it)")
+    else:
+        lines.append(f"{BUNDLE_KIND}: (none)")
     return "\n".join(lines)

@@ -12,6 +12,7 @@ from aieng_core.tokenizer.bpe_tokenizer import round_trip_report
 from orchestration.assets.data import clean_documents, raw_documents
 from orchestration.assets.dataset import dataset_manifest
 from orchestration.assets.model import model_checkpoint
+from orchestration.assets.serving import serving_bundle
 from orchestration.assets.tokenizer import bpe_tokenizer, tokenized_documents
 from orchestration.partitions import daily_partitions
 from orchestration.resources import AiengResource
@@ -162,3 +163,32 @@ def parameter_count_matches_config(aieng: AiengResource) -> dg.AssetCheckResult:
 
 
 ALL_CHECKS += [weights_finite, beats_unigram_baseline, parameter_count_matches_config]
+
+
+@dg.asset_check(
+    asset=serving_bundle,
+    blocking=True,
+    description=(
+        "`aieng bundle verify` on the current bundle: every file matches the manifest, the model loads, "
+        "and the serving engine replays every golden prompt to the recorded tokens."
+    ),
+)
+def bundle_verified(aieng: AiengResource) -> dg.AssetCheckResult:
+    from aieng_core.bundle.verify import verify_bundle
+
+    artifact = aieng.store().require_current(serving_bundle.key.to_user_string())
+    report = verify_bundle(artifact.path)
+    return dg.AssetCheckResult(
+        passed=report["ok"],
+        description="; ".join(report["problems"][:3]) or None,
+        metadata={
+            "bundle_id": artifact.id,
+            "files_checked": report["files_checked"],
+            "goldens_replayed": len(report["goldens"]),
+            "goldens_matching": sum(1 for golden in report["goldens"] if golden["ok"]),
+            "problems": dg.MetadataValue.json(report["problems"]),
+        },
+    )
+
+
+ALL_CHECKS += [bundle_verified]

@@ -5,6 +5,7 @@ import dagster as dg
 from orchestration.assets.data import clean_documents, raw_documents
 from orchestration.assets.dataset import dataset_manifest
 from orchestration.assets.model import model_checkpoint
+from orchestration.assets.serving import serving_bundle
 from orchestration.assets.tokenizer import bpe_tokenizer, tokenized_documents
 from orchestration.checks import ALL_CHECKS
 from orchestration.partitions import CONFIG_PATH
@@ -12,7 +13,15 @@ from orchestration.resources import AiengResource
 from orchestration.schedules import daily_ingest_job, daily_ingest_schedule
 
 defs = dg.Definitions(
-    assets=[raw_documents, clean_documents, bpe_tokenizer, tokenized_documents, dataset_manifest, model_checkpoint],
+    assets=[
+        raw_documents,
+        clean_documents,
+        bpe_tokenizer,
+        tokenized_documents,
+        dataset_manifest,
+        model_checkpoint,
+        serving_bundle,
+    ],
     asset_checks=ALL_CHECKS,
     jobs=[daily_ingest_job],
     schedules=[daily_ingest_schedule],

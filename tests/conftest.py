@@ -57,3 +57,7 @@ def land(home: Path, partition: str, name: str, data: bytes) -> Path:
     path = folder / name
     path.write_bytes(data)
     return path
+
+
+# Fixtures that build a trained model and a serving bundle once per session (tests/bundle_fixtures.py).
+pytest_plugins = ["tests.bundle_fixtures"]

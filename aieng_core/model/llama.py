@@ -3,6 +3,11 @@
 Token embedding -> N x [RMSNorm -> grouped-query attention with rotary positions -> residual,
 RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> LM head (optionally tied to the embedding).
 
+`forward` is the reference (training, evaluation, `generate_greedy`). `forward_cached` is the
+same network reading and writing a preallocated key/value cache (aieng_core/serving/kv_cache.py):
+a prefill writes each prompt's keys and values into its sequence's slot; a decode step runs
+every running sequence's next token, each at its own position, in one batched forward.
+
 Parameter and config names are those of transformers' LlamaForCausalLM, except that q/k/v
 and gate/up are each one matrix here (fewer, larger matmuls: faster training on CPU).
 weights.py splits them on save and stacks them on load, so the safetensors we write load
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -87,10 +93,10 @@ class RMSNorm(nn.Module):
 def rotary_tables(
     config: LlamaConfig, positions: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of shape (len(positions), head_dim), halves repeated as in Llama."""
+    """cos and sin of shape (*positions.shape, head_dim), halves repeated as in Llama."""
     dim = config.head_dim
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float, device=positions.device) / dim))
-    freqs = positions.float()[:, None] * inv_freq[None, :]
+    freqs = positions.float()[..., None] * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
@@ -102,6 +108,37 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return x * cos + _rotate_half(x) * sin
+
+
+class LayerCache(NamedTuple):
+    """One layer's view of the KV cache for a cached forward.
+
+    keys, values: the layer's cache, (slots, kv_heads, positions, head_dim).
+    slots: (batch,) the slot of each row. positions: (batch, seq) the position of each token;
+    its keys and values are written there.
+    decode_mask: None for a prefill, where each row is a prompt from position 0 (right-padded:
+    a causal mask keeps real tokens from seeing the padding after them), so attention runs over
+    this forward's own keys. For a decode step, (batch, 1, 1, length) bool: which cached
+    positions each row's token sees; decode rows are slots 0..batch-1 in order, so the cache is
+    read as a view, never gathered.
+    """
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    slots: torch.Tensor
+    positions: torch.Tensor
+    decode_mask: torch.Tensor | None
+
+    def write(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        # k, v: (batch, kv_heads, seq, head_dim); the indexed cache view is (batch, seq, kv_heads, head_dim).
+        rows = self.slots[:, None]
+        self.keys[rows, :, self.positions] = k.transpose(1, 2)
+        self.values[rows, :, self.positions] = v.transpose(1, 2)
+
+    def read(self) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.decode_mask is not None
+        batch, length = self.decode_mask.shape[0], self.decode_mask.shape[-1]
+        return self.keys[:batch, :, :length], self.values[:batch, :, :length]
 
 
 class Attention(nn.Module):
@@ -116,13 +153,24 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, (self.n_heads + 2 * self.n_kv_heads) * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None
+    ) -> torch.Tensor:
         batch, seq, _ = x.shape
         qkv = self.qkv_proj(x).view(batch, seq, self.n_heads + 2 * self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k, v = qkv.split([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=1)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         # Grouped-query attention: each key/value head serves n_heads / n_kv_heads query heads.
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        gqa = self.n_kv_heads != self.n_heads
+        if cache is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        elif cache.decode_mask is None:  # prefill: the prompt attends to itself
+            cache.write(k, v)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:  # decode: each row's token attends to its own cached positions
+            cache.write(k, v)
+            keys, values = cache.read()
+            y = F.scaled_dot_product_attention(q, keys, values, attn_mask=cache.decode_mask, enable_gqa=gqa)
         return self.o_proj(y.transpose(1, 2).reshape(batch, seq, self.n_heads * self.head_dim))
 
 
@@ -148,8 +196,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -206,6 +256,9 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        # cos/sin of every position, made on the first cached forward (a plain attribute, not a
+        # buffer: it is derived from the config and never saved).
+        self._rotary: tuple[torch.Tensor, torch.Tensor] | None = None
         self.apply(self._init_weights)
         # Scaled init of the residual projections (GPT-2 / nanoGPT): keeps the residual
         # stream's variance from growing with depth.
@@ -240,6 +293,43 @@ class LlamaForCausalLM(nn.Module):
         if targets is not None:
             loss = cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
+
+    @torch.no_grad()
+    def forward_cached(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        cache_keys: list[torch.Tensor],
+        cache_values: list[torch.Tensor],
+        decode_mask: torch.Tensor | None = None,
+        last_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Next-token logits (batch, vocab), reading and writing the KV cache (see LayerCache).
+
+        input_ids and positions: (batch, seq). A prefill passes right-padded prompts and
+        `last_index` (batch,), each prompt's last real position; a decode step passes one token
+        per row (seq = 1) and `decode_mask`.
+        """
+        x = self.model.embed_tokens(input_ids)
+        cos_table, sin_table = self._rotary_table(x)
+        # Looked up, not recomputed: a decode step is a few hundred small ops, each one counts.
+        cos, sin = cos_table[positions].unsqueeze(1), sin_table[positions].unsqueeze(1)  # (batch, 1, seq, head_dim)
+        for layer, keys, values in zip(self.model.layers, cache_keys, cache_values, strict=True):
+            x = layer(x, cos, sin, LayerCache(keys, values, slots, positions, decode_mask))
+        if last_index is not None:
+            x = x[torch.arange(x.shape[0], device=x.device), last_index]  # only the logits we sample from
+        else:
+            x = x[:, -1]
+        return self.lm_head(self.model.norm(x))
+
+    def _rotary_table(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin for positions 0..max_position_embeddings (one past the last: the KV
+        pool's scratch position), the same numbers rotary_tables gives for any subset."""
+        if self._rotary is None or self._rotary[0].device != x.device or self._rotary[0].dtype != x.dtype:
+            positions = torch.arange(self.config.max_position_embeddings + 1, device=x.device)
+            self._rotary = rotary_tables(self.config, positions, x.dtype)
+        return self._rotary
 
     @torch.no_grad()
     def generate_greedy(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:

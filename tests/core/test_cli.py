@@ -125,3 +125,168 @@ def test_demo_data_human_output_and_options(capsys: pytest.CaptureFixture, tmp_p
     with pytest.raises(SystemExit) as info:
         main(["demo-data", "--days", "0"])
     assert info.value.code == 2
+
+
+# ---- aieng bundle / serve / bench serving -----------------------------------------------------
+
+
+def test_bundle_verify_ok_exits_zero(serving_bundle_artifact, capsys: pytest.CaptureFixture) -> None:
+    bundle = serving_bundle_artifact.bundle
+    code, out, err = run(capsys, "bundle", "verify", str(bundle.path), "--json")
+    assert code == 0 and err == ""
+    report = json.loads(out)
+    assert (report["bundle_id"], report["ok"], report["problems"]) == (bundle.id, True, [])
+    assert [g["ok"] for g in report["goldens"]] == [True, True, True]
+    code, out, err = run(capsys, "bundle", "verify", str(bundle.path))
+    assert code == 0 and err == ""
+    assert out.splitlines()[0] == f"serving bundle {bundle.id} at {bundle.path}: OK"
+    assert "  ok   'The data pipeline' -> " in out
+
+
+def test_bundle_verify_names_the_changed_file(
+    serving_bundle_artifact, copy_bundle, capsys: pytest.CaptureFixture
+) -> None:
+    path = copy_bundle(serving_bundle_artifact.bundle)
+    weights = path / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    weights.write_bytes(bytes(data))
+    code, out, err = run(capsys, "bundle", "verify", str(path))
+    assert code == 1
+    assert_one_line_error(err)
+    assert err == f"aieng: error: {weights}: sha256 does not match the manifest\n"
+    assert "FAILED" in out.splitlines()[0]
+    code, out, err = run(capsys, "bundle", "verify", str(path), "--json")
+    assert code == 1
+    assert json.loads(out)["problems"] == [f"{weights}: sha256 does not match the manifest"]
+    assert_one_line_error(err)
+
+
+def test_bundle_verify_names_the_golden_prompt(
+    serving_bundle_artifact, copy_bundle, capsys: pytest.CaptureFixture
+) -> None:
+    from aieng_core.bundle.serving_bundle import BUNDLE_FILES, GOLDEN_FILE, bundle_content_sha256
+    from aieng_core.hashing import sha256_file
+
+    path = copy_bundle(serving_bundle_artifact.bundle)
+    doc = json.loads((path / GOLDEN_FILE).read_text(encoding="utf-8"))
+    doc["outputs"][0]["token_ids"][-1] += 1
+    (path / GOLDEN_FILE).write_text(json.dumps(doc), encoding="utf-8")
+    manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+    manifest["files"][GOLDEN_FILE] = sha256_file(path / GOLDEN_FILE)
+    manifest["content_sha256"] = bundle_content_sha256({n: manifest["files"][n] for n in BUNDLE_FILES})
+    (path / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    code, out, err = run(capsys, "bundle", "verify", str(path))
+    assert code == 1
+    assert_one_line_error(err)
+    assert err.startswith(f"aieng: error: {path / GOLDEN_FILE}: golden prompt 'The data pipeline' differs from token 7")
+    assert "  DIFF 'The data pipeline' -> " in out
+
+
+def test_bundle_verify_of_a_missing_directory(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    code, _, err = run(capsys, "bundle", "verify", str(tmp_path / "nope"))
+    assert code == 1
+    assert_one_line_error(err)
+    assert "is not a serving bundle" in err
+
+
+def test_bundle_build_reuses_and_current_prints_the_commands(
+    serving_bundle_artifact, copy_bundled_home, capsys: pytest.CaptureFixture
+) -> None:
+    import shlex
+    import sys
+
+    home = copy_bundled_home(serving_bundle_artifact).home
+    bundle = serving_bundle_artifact.bundle
+    code, out, err = run(capsys, "--home", str(home), "bundle", "build", "--json")
+    assert code == 0 and err == ""
+    built = json.loads(out)
+    assert (built["id"], built["reused"]) == (bundle.id, True)
+    assert built["path"] == str(home / "artifacts" / "serving_bundle" / bundle.id)
+    assert built["metrics"] == bundle.metrics
+
+    code, out, err = run(capsys, "--home", str(home), "bundle", "current", "--json")
+    assert code == 0 and err == ""
+    current = json.loads(out)
+    aieng = Path(sys.executable).parent / "aieng"
+    assert current == {
+        "id": bundle.id,
+        "path": built["path"],
+        "model_checkpoint_id": serving_bundle_artifact.model.id,
+        "lineage": bundle.manifest["lineage"],
+        "serve_command": f"{shlex.quote(str(aieng)) if aieng.is_file() else 'aieng'} serve --bundle {built['path']}",
+        "curl_command": (
+            "curl -s http://127.0.0.1:8000/generate -H 'Content-Type: application/json' "
+            """-d '{"prompt": "The data pipeline", "max_new_tokens": 32, "temperature": 0}'"""
+        ),
+    }
+    code, out, _ = run(capsys, "--home", str(home), "bundle", "current", "--path")
+    assert (code, out) == (0, built["path"] + "\n")
+    code, out, _ = run(capsys, "--home", str(home), "bundle", "current")
+    assert code == 0
+    assert out.splitlines() == [
+        f"serving_bundle {bundle.id} (model_checkpoint {serving_bundle_artifact.model.id})",
+        f"  {built['path']}",
+        "serve it:",
+        f"  {current['serve_command']}",
+        "then query it:",
+        f"  {current['curl_command']}",
+    ]
+
+
+def test_bundle_current_without_a_bundle(capsys: pytest.CaptureFixture) -> None:
+    code, out, err = run(capsys, "bundle", "current")
+    assert code == 1 and out == ""
+    assert_one_line_error(err)
+    assert "serving_bundle has not been materialized" in err
+
+
+def test_bundle_build_without_a_model(capsys: pytest.CaptureFixture) -> None:
+    code, out, err = run(capsys, "bundle", "build")
+    assert code == 1 and out == ""
+    assert_one_line_error(err)
+    assert "model_checkpoint has not been materialized" in err
+
+
+def test_serve_hands_its_arguments_to_the_server(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import sys
+    import types
+
+    from tests.conftest import TINY_CONFIG
+
+    calls = []
+    fake = types.ModuleType("aieng_core.serving.server")
+    fake.run_server = lambda **kwargs: calls.append(kwargs) or 0  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "aieng_core.serving.server", fake)
+    assert run(capsys, "serve", "--bundle", str(tmp_path / "b"))[0] == 0
+    code, _, _ = run(capsys, "serve", "--bundle", "x", "--host", "0.0.0.0", "--port", "9001", "--log-level", "debug")
+    assert code == 0
+    assert [(c["bundle_path"], c["host"], c["port"], c["log_level"]) for c in calls] == [
+        (tmp_path / "b", "127.0.0.1", 8000, "info"),
+        (Path("x"), "0.0.0.0", 9001, "debug"),
+    ]
+    assert calls[0]["config"].serving.max_batch == 16  # the tiny config, from $AIENG_CONFIG
+    assert str(TINY_CONFIG) == os.environ["AIENG_CONFIG"]
+    with pytest.raises(SystemExit):
+        main(["serve"])  # --bundle is required
+
+
+def test_bench_serving_dispatches(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    calls = []
+    fake = types.ModuleType("aieng_core.bench.serving_bench")
+    fake.run_serving_bench = lambda **kwargs: calls.append(kwargs) or {"ok": 1}  # type: ignore[attr-defined]
+    fake.format_serving_results = lambda results: f"formatted {results}"  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "aieng_core.bench.serving_bench", fake)
+    code, out, _ = run(capsys, "bench", "serving", "--out", "r.json", "--json")
+    assert (code, json.loads(out)) == (0, {"ok": 1})
+    code, out, _ = run(capsys, "bench", "serving", "--quick", "--rounds", "5")
+    assert (code, out) == (0, "formatted {'ok': 1}\n")
+    assert calls == [
+        {"out": "r.json", "config": None, "quick": False, "rounds": 3},
+        {"out": None, "config": None, "quick": True, "rounds": 5},
+    ]

@@ -63,10 +63,12 @@ def test_lock_refuses_to_give_a_version_another_source(tmp_path: Path, monkeypat
     lock_copy = edit_bpe_in_a_copy(tmp_path, monkeypatch)
     before = lock_copy.read_bytes()
     refused = code_versions.lock()
+    # Every stage whose sources include tokenizer/bpe.py.
     assert {problem.split(":")[0] for problem in refused} == {
         "bpe_tokenizer",
         "tokenized_documents",
         "model_checkpoint",
+        "serving_bundle",
     }
     assert lock_copy.read_bytes() == before  # nothing recorded
 

@@ -75,8 +75,9 @@ def test_code_location_is_loadable() -> None:
 def test_asset_keys_follow_the_design_graph() -> None:
     keys = set(asset_keys())
     assert set(DATA_HALF) <= keys, f"missing {sorted(set(DATA_HALF) - keys)}"
-    # No asset outside DESIGN.md's graph, and the graph grows in its order.
-    assert keys == set(DESIGN_GRAPH[: len(keys)]), sorted(keys)
+    # No asset outside DESIGN.md's graph (issues add them in their own order: serving_bundle
+    # came before benchmark_report, which is then inserted between the model and the bundle).
+    assert keys <= set(DESIGN_GRAPH), sorted(keys - set(DESIGN_GRAPH))
 
 
 def test_asset_graph_edges() -> None:

@@ -1,0 +1,185 @@
+"""A small load generator for OpenAI-style /v1/completions on 127.0.0.1.
+
+asyncio streams and a hand-written HTTP/1.1 reader (status line, headers, chunked or sized
+body, server-sent events): one thread, no client library, so the client takes as little as
+possible of the CPU the server under test shares with it. Two arrival patterns, as in vLLM's
+`bench serve`: a closed loop of `concurrency` clients, each sending its next request when the
+last one finished, and an open loop with Poisson arrivals at a fixed rate (exponential gaps
+from a seeded generator, so every run sends at the same offsets). Each request is checked
+for what it asked for: status 200, finish_reason "length", and the server's usage counts
+equal to the prompt's tokens and max_tokens; one that is not is a failed request, never a
+silently shorter one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aieng_core.bench.serving_stats import RequestRecord
+
+REQUEST_TIMEOUT_S = 300.0  # per request; a bench never waits forever on a wedged server
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    prompt: str
+    prompt_tokens: int  # what the server's tokenizer makes of `prompt` (checked against usage)
+    max_tokens: int
+
+
+def completion_body(request: LoadRequest, stream: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "prompt": request.prompt,
+        "max_tokens": request.max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,  # vLLM's switch: every request generates exactly max_tokens
+        "stream": stream,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+async def _body_chunks(reader: asyncio.StreamReader, headers: dict[str, str]) -> AsyncIterator[bytes]:
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        while True:
+            size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                return
+            data = await reader.readexactly(size)
+            await reader.readexactly(2)  # the CRLF after each chunk
+            yield data
+    elif "content-length" in headers:
+        yield await reader.readexactly(int(headers["content-length"]))
+    else:
+        yield await reader.read()
+
+
+def _check_usage(usage: Any, request: LoadRequest) -> str | None:
+    if not isinstance(usage, dict):
+        return "no usage in the response"
+    if usage.get("completion_tokens") != request.max_tokens:
+        return f"completion_tokens {usage.get('completion_tokens')} != max_tokens {request.max_tokens}"
+    if usage.get("prompt_tokens") != request.prompt_tokens:
+        return f"prompt_tokens {usage.get('prompt_tokens')} != expected {request.prompt_tokens}"
+    return None
+
+
+async def _send(port: int, request: LoadRequest, stream: bool, record: RequestRecord) -> None:
+    payload = json.dumps(completion_body(request, stream)).encode("utf-8")
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+    ).encode("ascii")
+    record.sent = time.perf_counter()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head + payload)
+        await writer.drain()
+        status = int((await reader.readline()).split()[1])
+        headers: dict[str, str] = {}
+        while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        if not stream or status != 200:
+            body = b"".join([chunk async for chunk in _body_chunks(reader, headers)])
+            record.done = time.perf_counter()
+            if status != 200:
+                record.error = f"HTTP {status}: {body[:200]!r}"
+                return
+            answer = json.loads(body)
+            finish = answer["choices"][0]["finish_reason"]
+            record.error = _check_usage(answer.get("usage"), request) or (
+                None if finish == "length" else f"finish_reason {finish!r}"
+            )
+            record.ok = record.error is None
+            return
+        finish, usage, buffer, done = None, None, b"", False
+        async for chunk in _body_chunks(reader, headers):
+            arrived = time.perf_counter()
+            buffer = (buffer + chunk).replace(b"\r\n", b"\n")
+            while b"\n\n" in buffer:
+                event, buffer = buffer.split(b"\n\n", 1)
+                for line in event.split(b"\n"):
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        done = True
+                        continue
+                    message = json.loads(data)
+                    if message.get("usage"):
+                        usage = message["usage"]
+                    if message.get("choices"):
+                        # Every chunk that carries a choice carries generated tokens (vLLM counts the same).
+                        record.chunk_times.append(arrived)
+                        finish = message["choices"][0].get("finish_reason") or finish
+        record.done = time.perf_counter()
+        if not done:
+            record.error = "the stream ended without data: [DONE]"
+        else:
+            record.error = _check_usage(usage, request) or (None if finish == "length" else f"finish_reason {finish!r}")
+        record.ok = record.error is None
+    finally:
+        writer.close()
+        try:
+            await writer.wait_closed()
+        except OSError:
+            pass
+
+
+async def _one(port: int, request: LoadRequest, stream: bool) -> RequestRecord:
+    record = RequestRecord(prompt_tokens=request.prompt_tokens, output_tokens=request.max_tokens, sent=0.0)
+    try:
+        await asyncio.wait_for(_send(port, request, stream, record), REQUEST_TIMEOUT_S)
+    except (OSError, TimeoutError, ValueError, IndexError, KeyError, asyncio.IncompleteReadError) as exc:
+        record.ok, record.error = False, f"{type(exc).__name__}: {exc}"
+        record.done = record.done or time.perf_counter()
+    return record
+
+
+async def _closed_loop(
+    port: int, requests: Sequence[LoadRequest], concurrency: int, stream: bool
+) -> list[RequestRecord]:
+    records: list[RequestRecord | None] = [None] * len(requests)
+    queue = iter(range(len(requests)))
+
+    async def client() -> None:
+        for index in queue:  # a shared iterator: each client takes the next unsent request
+            records[index] = await _one(port, requests[index], stream)
+
+    await asyncio.gather(*(client() for _ in range(min(concurrency, len(requests)))))
+    return [r for r in records if r is not None]
+
+
+async def _poisson(
+    port: int, requests: Sequence[LoadRequest], rate: float, seed: int, stream: bool
+) -> list[RequestRecord]:
+    gaps = random.Random(seed)
+    offsets, at = [], 0.0
+    for _ in requests:
+        offsets.append(at)
+        at += gaps.expovariate(rate)
+    start = time.perf_counter()
+
+    async def at_offset(offset: float, request: LoadRequest) -> RequestRecord:
+        await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
+        return await _one(port, request, stream)
+
+    return list(await asyncio.gather(*(at_offset(o, r) for o, r in zip(offsets, requests))))
+
+
+def closed_loop(port: int, requests: Sequence[LoadRequest], concurrency: int, stream: bool) -> list[RequestRecord]:
+    """`concurrency` clients in a closed loop over `requests` (in order)."""
+    return asyncio.run(_closed_loop(port, requests, concurrency, stream))
+
+
+def poisson(port: int, requests: Sequence[LoadRequest], rate: float, seed: int, stream: bool) -> list[RequestRecord]:
+    """Open loop: request i is sent at the i-th arrival of a Poisson process of `rate` req/s."""
+    return asyncio.run(_poisson(port, requests, rate, seed, stream))

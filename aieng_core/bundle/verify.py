@@ -1,0 +1,246 @@
+"""Loading a serving bundle only after proving it is the bundle that was built.
+
+Three layers, each naming what differs: every file is re-hashed against manifest.json
+(nothing missing, nothing unlisted, nothing changed, and the content hash agrees with the
+file hashes); the model loads from safetensors only; the golden prompts are replayed through
+the serving engine and must give the recorded token ids. `load_bundle` stops at the first
+problem (the server refuses the bundle); `verify_bundle` reports them all (the CLI and the
+Dagster check).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aieng_core.bundle.golden import GOLDEN_DEVICE, replay_goldens, torch_threads
+from aieng_core.bundle.serving_bundle import (
+    BUNDLE_FILES,
+    ENGINE_LIMIT_FIELDS,
+    GOLDEN_FILE,
+    KIND,
+    SERVING_FILE,
+    bundle_content_sha256,
+    golden_limits,
+)
+from aieng_core.store import Artifact, ArtifactIntegrityError, ArtifactStore
+from aieng_core.store.artifacts import MANIFEST
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+    from aieng_core.model.llama import LlamaForCausalLM
+    from aieng_core.serving.engine import Engine
+
+
+class BundleVerificationError(ArtifactIntegrityError):
+    """A serving bundle does not match its manifest or its golden outputs."""
+
+
+@dataclass
+class LoadedBundle:
+    bundle_id: str
+    path: Path
+    manifest: dict[str, Any]
+    serving: dict[str, Any]  # serving.json
+    golden: list[dict[str, Any]]  # golden.json's outputs
+    model: LlamaForCausalLM
+    tokenizer: Tokenizer
+    eos_token_id: int
+
+    def engine_limits(self) -> dict[str, int]:
+        return {name: int(self.serving[name]) for name in ENGINE_LIMIT_FIELDS}
+
+    def make_engine(self) -> Engine:
+        from aieng_core.serving.engine import Engine, EngineLimits
+
+        return Engine(self.model, self.tokenizer, EngineLimits(**self.engine_limits()), self.eos_token_id)
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    manifest_path = path / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BundleVerificationError(f"{manifest_path}: missing; {path} is not a serving bundle") from None
+    except (OSError, ValueError) as exc:
+        raise BundleVerificationError(f"{manifest_path}: unreadable manifest: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("kind") != KIND:
+        kind = manifest.get("kind") if isinstance(manifest, dict) else None
+        raise BundleVerificationError(f"{manifest_path}: kind is {kind!r}, not {KIND!r}; not a serving bundle")
+    return manifest
+
+
+def bundle_artifact(path: Path, manifest: dict[str, Any]) -> Artifact:
+    return Artifact(kind=KIND, id=str(manifest.get("id")), path=path, manifest=manifest)
+
+
+def file_problems(path: Path, manifest: dict[str, Any]) -> list[str]:
+    """Every way the directory differs from its manifest, each naming the file."""
+    artifact = bundle_artifact(path, manifest)
+    # verify() reads only the artifact's own directory; the store's home plays no part.
+    problems = ArtifactStore(path).verify(artifact)
+    listed = manifest.get("files", {})
+    if isinstance(listed, dict):
+        problems += [
+            f"{path / name}: a bundle file the manifest does not list" for name in BUNDLE_FILES if name not in listed
+        ]
+        if not problems:
+            content = bundle_content_sha256({name: listed[name] for name in BUNDLE_FILES})
+            if content != manifest.get("content_sha256"):
+                problems.append(f"{path / MANIFEST}: content_sha256 does not match the files' hashes")
+    return problems
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise BundleVerificationError(f"{path}: unreadable: {exc}") from None
+
+
+def _load_model(artifact: Artifact, device: str) -> LlamaForCausalLM:
+    from aieng_core.model.hf_files import load_model
+
+    return load_model(artifact, device)
+
+
+def _replay(artifact: Artifact, golden_doc: dict[str, Any], serving: dict[str, Any], model: Any) -> list[dict]:
+    """Replay the goldens on CPU with the recorded thread count; `model` is reused when it is
+    already a CPU model of this bundle, else a CPU copy is loaded for the replay."""
+    from aieng_core.serving.engine import Engine, EngineLimits
+    from aieng_core.serving.request import RequestError
+    from aieng_core.tokenizer.bpe import load_tokenizer
+
+    outputs = golden_doc["outputs"]
+    # The limits the goldens were recorded with (golden.json repeats them for readers).
+    limits = golden_limits(serving, len(outputs))
+    with torch_threads(int(golden_doc["threads"])):
+        cpu_model = model if model is not None else _load_model(artifact, GOLDEN_DEVICE)
+        engine = Engine(cpu_model, load_tokenizer(artifact.path), EngineLimits(**limits), int(serving["eos_token_id"]))
+        try:
+            return replay_goldens(engine, outputs)
+        except RequestError as exc:  # a golden the engine refuses cannot have been recorded by it
+            raise BundleVerificationError(
+                f"{artifact.path / GOLDEN_FILE}: the engine refuses a golden: {exc}"
+            ) from None
+
+
+def golden_problem(path: Path, result: dict[str, Any]) -> str:
+    where = f"{path / GOLDEN_FILE}: golden prompt {result['prompt']!r}"
+    if not result["prompt_ids_match"]:
+        return f"{where} no longer encodes to the recorded prompt_ids"
+    expected, got = result["expected_token_ids"], result["got_token_ids"]
+    first = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
+    return (
+        f"{where} differs from token {first}: expected {result['expected_text']!r} {expected}, "
+        f"got {result['got_text']!r} {got}"
+    )
+
+
+# What each JSON file must hold before anything is built from it: a manifest re-hashed by
+# hand can vouch for any bytes, and a KeyError is no way to say which file is wrong.
+GOLDEN_ENTRY = {"prompt": str, "prompt_ids": list, "max_new_tokens": int, "token_ids": list, "text": str}
+
+
+def _serving_json(path: Path) -> dict[str, Any]:
+    serving = _read_json(path / SERVING_FILE)
+    required = (*ENGINE_LIMIT_FIELDS, "eos_token_id")
+    if not isinstance(serving, dict) or any(type(serving.get(name)) is not int for name in required):
+        raise BundleVerificationError(f"{path / SERVING_FILE}: needs integer {', '.join(required)}")
+    return serving
+
+
+def _golden_doc(path: Path) -> dict[str, Any]:
+    doc = _read_json(path / GOLDEN_FILE)
+    outputs = doc.get("outputs") if isinstance(doc, dict) else None
+    if (
+        not isinstance(outputs, list)
+        or type(doc.get("threads")) is not int
+        or doc["threads"] < 1
+        or not all(
+            isinstance(entry, dict) and all(type(entry.get(key)) is kind for key, kind in GOLDEN_ENTRY.items())
+            for entry in outputs
+        )
+    ):
+        raise BundleVerificationError(
+            f"{path / GOLDEN_FILE}: not a golden file (needs 'threads' and 'outputs' of {', '.join(GOLDEN_ENTRY)})"
+        )
+    return doc
+
+
+def load_bundle(path: str | Path, device: str = "cpu", check_goldens: bool = True) -> LoadedBundle:
+    """The bundle at `path`, verified: raises BundleVerificationError naming the first file
+    or golden prompt that differs."""
+    from aieng_core.model.hf_files import checkpoint_config
+    from aieng_core.tokenizer.bpe import load_tokenizer
+
+    path = Path(path).resolve()
+    manifest = read_manifest(path)
+    problems = file_problems(path, manifest)
+    if problems:
+        raise BundleVerificationError(f"serving bundle {path} failed verification: {problems[0]}")
+    artifact = bundle_artifact(path, manifest)
+    serving = _serving_json(path)
+    golden_doc = _golden_doc(path)
+    model = _load_model(artifact, device)
+    if check_goldens:
+        replay_model = model if str(device) == GOLDEN_DEVICE else None
+        for result in _replay(artifact, golden_doc, serving, replay_model):
+            if not result["ok"]:
+                raise BundleVerificationError(
+                    f"serving bundle {path} failed verification: {golden_problem(path, result)}"
+                )
+    eos = int(serving["eos_token_id"])
+    if checkpoint_config(artifact).eos_token_id != eos:
+        raise BundleVerificationError(f"{path / SERVING_FILE}: eos_token_id {eos} is not the model's")
+    return LoadedBundle(
+        bundle_id=str(manifest["id"]),
+        path=path,
+        manifest=manifest,
+        serving=serving,
+        golden=golden_doc["outputs"],
+        model=model,
+        tokenizer=load_tokenizer(path),
+        eos_token_id=eos,
+    )
+
+
+def verify_bundle(path: str | Path) -> dict[str, Any]:
+    """Every problem with the bundle at `path`, as a report:
+    {bundle_id, path, ok, problems, files_checked, goldens: [{prompt, ok, expected_text, got_text}]}."""
+    path = Path(path).resolve()
+    report: dict[str, Any] = {
+        "bundle_id": None,
+        "path": str(path),
+        "ok": False,
+        "problems": [],
+        "files_checked": 0,
+        "goldens": [],
+    }
+    try:
+        manifest = read_manifest(path)
+    except BundleVerificationError as exc:
+        report["problems"].append(str(exc))
+        return report
+    report["bundle_id"] = manifest.get("id")
+    listed = manifest.get("files")
+    report["files_checked"] = len(listed) if isinstance(listed, dict) else 0
+    report["problems"] = file_problems(path, manifest)
+    if report["problems"]:  # nothing is loaded from bytes that do not match the manifest
+        return report
+    try:
+        serving = _serving_json(path)
+        golden_doc = _golden_doc(path)
+        results = _replay(bundle_artifact(path, manifest), golden_doc, serving, None)
+    except ArtifactIntegrityError as exc:
+        report["problems"].append(str(exc))
+        return report
+    report["goldens"] = [
+        {key: result[key] for key in ("prompt", "ok", "expected_text", "got_text")} for result in results
+    ]
+    report["problems"] += [golden_problem(path, result) for result in results if not result["ok"]]
+    report["ok"] = not report["problems"]
+    return report

@@ -1,0 +1,432 @@
+"""The engine loop: ties the scheduler, the model runner and detokenization into steps.
+
+`Engine` is single-threaded and synchronous: add requests, call step() until none is left.
+Each step the scheduler picks who runs (continuous batching: a waiting request joins at the
+next step, a finished one leaves at once and frees its slot), the runner runs the step and
+samples one token per sequence, and the engine turns tokens into text and decides who is
+finished. `Engine.generate` runs a list of prompts to completion (goldens, tests, benchmarks).
+
+`EngineLoop` runs an Engine in a background thread for the HTTP server: submit() validates in
+the caller's thread (so a bad request fails at once, with the field named) and hands the
+request over through an inbox; outputs go back through each request's sink.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer
+
+from aieng_core.model.llama import LlamaForCausalLM
+from aieng_core.serving.detokenizer import IncrementalDetokenizer, token_bytes_table
+from aieng_core.serving.kv_cache import KVCachePool
+from aieng_core.serving.model_runner import ModelRunner
+from aieng_core.serving.request import (
+    FAILED_TOKEN,
+    FinishReason,
+    Request,
+    RequestError,
+    RequestStatus,
+    SamplingParams,
+)
+from aieng_core.serving.sampling import make_generator
+from aieng_core.serving.scheduler import QueueFull, Scheduler
+
+log = logging.getLogger("aieng.serving.engine")
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    max_batch: int
+    max_context: int
+    max_waiting: int
+    max_prefill_tokens: int
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """A request's progress after a step: the new text (never half a character) and, once
+    finished, why. Timings are seconds from arrival, set once known."""
+
+    request_id: str
+    new_text: str
+    new_token_ids: tuple[int, ...]
+    finished: bool
+    finish_reason: FinishReason | None
+    text: str
+    token_ids: tuple[int, ...]
+    prompt_tokens: int
+    queue_seconds: float | None = None
+    ttft_seconds: float | None = None
+    e2e_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    free_slots: int
+    max_batch: int
+    kv_cache_bytes: int
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one step did and where its time went: the profile of the benchmark's bounds."""
+
+    batch_size: int
+    prefill_requests: int
+    prefill_tokens: int
+    decode_tokens: int
+    schedule_seconds: float
+    forward_seconds: float
+    postprocess_seconds: float
+
+
+class Engine:
+    def __init__(self, model: LlamaForCausalLM, tokenizer: Tokenizer, limits: EngineLimits, eos_token_id: int) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.limits = limits
+        self.eos_token_id = eos_token_id
+        device = next(model.parameters()).device
+        self.pool = KVCachePool.for_model(model.config, limits.max_batch, limits.max_context, device)
+        self.scheduler = Scheduler(self.pool, limits.max_waiting, limits.max_prefill_tokens)
+        self.runner = ModelRunner(model, self.pool)
+        self._token_bytes = token_bytes_table(tokenizer)
+        self._detokenizers: dict[int, IncrementalDetokenizer] = {}  # by id(request)
+        self.last_step: StepStats | None = None
+
+    # ---- requests ------------------------------------------------------------------------
+    def encode(self, prompt: str) -> list[int]:
+        return self.tokenizer.encode(prompt, add_special_tokens=False).ids
+
+    def prepare(self, request_id: str, prompt: str | Sequence[int], params: SamplingParams) -> Request:
+        """A checked request, not yet queued. Thread-safe: the HTTP server calls it in its
+        own thread so a bad request is refused at once with the field named."""
+        ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise RequestError("prompt", "the prompt is empty (it encodes to no tokens)")
+        vocab = self.model.config.vocab_size
+        if any(not 0 <= token < vocab for token in ids):
+            raise RequestError("prompt", f"token ids must be in [0, {vocab})")
+        context = self.limits.max_context
+        if len(ids) >= context:
+            raise RequestError("prompt", f"the prompt is {len(ids)} tokens; max_context is {context}")
+        if len(ids) + params.max_new_tokens > context:
+            # Refused, not truncated: a silently shortened answer looks like a model problem.
+            raise RequestError(
+                "max_new_tokens",
+                f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds max_context "
+                f"({context}); at most {context - len(ids)} new tokens fit",
+            )
+        request = Request(request_id=request_id, prompt_ids=ids, params=params)
+        if not params.greedy:
+            request.generator = make_generator(params)
+        return request
+
+    def enqueue(self, request: Request) -> None:
+        self.scheduler.add(request)  # QueueFull when max_waiting requests already wait
+        self._detokenizers[id(request)] = IncrementalDetokenizer(self._token_bytes, request.params.stop)
+
+    def add_request(self, request_id: str, prompt: str | Sequence[int], params: SamplingParams) -> Request:
+        request = self.prepare(request_id, prompt, params)
+        self.enqueue(request)
+        return request
+
+    def abort(self, request: Request) -> None:
+        request.cancel()  # the scheduler frees its slot at the start of the next step
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting,
+            free_slots=self.pool.free_slots,
+            max_batch=self.pool.max_batch,
+            kv_cache_bytes=self.pool.nbytes,
+        )
+
+    # ---- stepping ------------------------------------------------------------------------
+    def step(self) -> list[tuple[Request, RequestOutput]]:
+        """One iteration: schedule, run, detokenize. Returns (request, output) for every
+        request that progressed or finished in this step."""
+        started = time.perf_counter()
+        plan = self.scheduler.schedule()
+        scheduled = time.perf_counter()
+        outputs = [(request, self._finished_output(request)) for request in plan.finished]
+        if plan.empty:
+            return outputs
+        admitted = time.monotonic()
+        for request in plan.prefill:
+            request.scheduled_time = admitted
+        try:
+            result = self.runner.run(plan)
+        except Exception:
+            # One bad step must not take the server down: its requests fail, the rest go on.
+            log.exception("engine step failed; finishing its %d requests with an error", plan.batch_size)
+            return outputs + [(r, self._finish(r, "error", "")) for r in (*plan.prefill, *plan.decode)]
+        ran = time.perf_counter()
+        now = time.monotonic()
+        for request, token in zip((*plan.prefill, *plan.decode), result.tokens, strict=True):
+            outputs.append((request, self._advance(request, token, now)))
+        self.last_step = StepStats(
+            batch_size=plan.batch_size,
+            prefill_requests=len(plan.prefill),
+            prefill_tokens=result.prefill_tokens,
+            decode_tokens=result.decode_tokens,
+            schedule_seconds=scheduled - started,
+            forward_seconds=ran - scheduled,
+            postprocess_seconds=time.perf_counter() - ran,
+        )
+        return outputs
+
+    def _advance(self, request: Request, token: int, now: float) -> RequestOutput:
+        if token == FAILED_TOKEN:
+            return self._finish(request, "error", "")
+        request.output_ids.append(token)
+        if request.first_token_time is None:
+            request.first_token_time = now
+        params = request.params
+        if token == self.eos_token_id and not params.ignore_eos:
+            return self._finish(request, "stop", "", (token,))
+        detokenizer = self._detokenizers[id(request)]
+        new_text = detokenizer.push(token)
+        if detokenizer.stopped:
+            return self._finish(request, "stop", new_text, (token,))
+        if len(request.output_ids) >= params.max_new_tokens:
+            return self._finish(request, "length", new_text, (token,))
+        return self._output(request, new_text, (token,))
+
+    def _finish(
+        self, request: Request, reason: FinishReason, new_text: str, new_ids: tuple[int, ...] = ()
+    ) -> RequestOutput:
+        detokenizer = self._detokenizers.get(id(request))
+        if detokenizer is not None and not detokenizer.stopped:
+            new_text += detokenizer.flush()
+        self.scheduler.finish(request, reason)
+        output = self._output(request, new_text, new_ids)
+        self._detokenizers.pop(id(request), None)
+        return output
+
+    def _finished_output(self, request: Request) -> RequestOutput:
+        """Output of a request the scheduler finished itself (cancelled)."""
+        output = self._output(request, "", ())
+        self._detokenizers.pop(id(request), None)
+        return output
+
+    def _output(self, request: Request, new_text: str, new_ids: tuple[int, ...]) -> RequestOutput:
+        detokenizer = self._detokenizers.get(id(request))
+        arrival = request.arrival_time
+        started = request.scheduled_time
+        return RequestOutput(
+            request_id=request.request_id,
+            new_text=new_text,
+            new_token_ids=new_ids,
+            finished=request.finished,
+            finish_reason=request.finish_reason,
+            text=detokenizer.text if detokenizer is not None else "",
+            token_ids=tuple(request.output_ids),
+            prompt_tokens=request.num_prompt_tokens,
+            queue_seconds=None if started is None else started - arrival,
+            ttft_seconds=None if request.first_token_time is None else request.first_token_time - arrival,
+            e2e_seconds=None if request.finish_time is None else request.finish_time - arrival,
+        )
+
+    # ---- whole generations -----------------------------------------------------------------
+    def generate(
+        self, prompts: Sequence[str | Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion, batched as the server would; final outputs in
+        prompt order. Requests beyond the waiting queue are fed in as it drains."""
+        if self.has_work:
+            raise RuntimeError("generate() needs an idle engine")
+        each = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(each) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(each)} sampling parameters")
+        pending = collections.deque(
+            self.prepare(f"generate-{n}", prompt, p) for n, (prompt, p) in enumerate(zip(prompts, each))
+        )
+        order = {id(request): n for n, request in enumerate(pending)}
+        final: list[RequestOutput | None] = [None] * len(pending)
+        while pending or self.has_work:
+            while pending and self.scheduler.num_waiting < max(self.limits.max_waiting, 1):
+                self.enqueue(pending.popleft())
+            for request, output in self.step():
+                if output.finished:
+                    final[order[id(request)]] = output
+        return [output for output in final if output is not None]
+
+    def warmup(self, prompt_lengths: Sequence[int], new_tokens: int = 8) -> dict[str, Any]:
+        """One generation per prompt-length bucket, so the first real request of each size
+        does not pay for first-use allocations. Returns seconds per bucket, first run (cold)
+        and again (warm)."""
+        filler = [token for token in self.encode(" the data pipeline" * 64) if token != self.eos_token_id]
+        timings = []
+        for length in prompt_lengths:
+            prompt = (filler * (length // max(len(filler), 1) + 1))[:length]
+            new = max(1, min(new_tokens, self.limits.max_context - length))
+            params = SamplingParams(max_new_tokens=new, ignore_eos=True)
+            runs = []
+            for _ in range(2):
+                started = time.perf_counter()
+                self.generate([prompt], params)
+                runs.append(time.perf_counter() - started)
+            timings.append(
+                {"prompt_tokens": length, "new_tokens": new, "cold_seconds": runs[0], "warm_seconds": runs[1]}
+            )
+        return {"buckets": timings}
+
+    @torch.inference_mode()
+    def check_forward(self) -> None:
+        """One one-token forward through a free slot: what readiness promises works."""
+        if self.has_work:
+            return  # the engine is generating: evidently forwards work
+        self.generate([[self.filler_token()]], SamplingParams(max_new_tokens=1, ignore_eos=True))
+
+    def filler_token(self) -> int:
+        return next(t for t in self.encode(" the") if t != self.eos_token_id)
+
+
+class EngineLoop:
+    """Runs an Engine's steps in a background thread; the HTTP server's side of the engine."""
+
+    def __init__(self, engine: Engine, on_step: Callable[[StepStats, EngineStats], None] | None = None) -> None:
+        self.engine = engine
+        self.on_step = on_step
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._inbox: collections.deque[tuple[Request, Callable[[RequestOutput], None]]] = collections.deque()
+        self._sinks: dict[int, tuple[Request, Callable[[RequestOutput], None]]] = {}  # by id(request)
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="aieng-engine", daemon=True)
+
+    def start(self) -> EngineLoop:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop stepping. Requests still in flight are finished as cancelled, so no caller waits forever."""
+        with self._lock:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        """Stepping, or ready to: False once stopped, or if the loop failed."""
+        return self._thread.is_alive() and not self._stopping
+
+    def submit(
+        self,
+        request_id: str,
+        prompt: str | Sequence[int],
+        params: SamplingParams,
+        sink: Callable[[RequestOutput], None],
+    ) -> Request:
+        request = self.engine.prepare(request_id, prompt, params)  # RequestError here, in the caller's thread
+        with self._lock:
+            if self._stopping:
+                raise RuntimeError("the engine is stopping")
+            if len(self._inbox) + self.engine.scheduler.num_waiting >= self.engine.limits.max_waiting:
+                raise QueueFull(f"{self.engine.limits.max_waiting} requests are already waiting")
+            self._inbox.append((request, sink))
+            self._wake.notify()
+        return request
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._inbox) + len(self._sinks)
+
+    def stats(self) -> EngineStats:
+        stats = self.engine.stats()
+        with self._lock:
+            waiting = len(self._inbox)
+        return EngineStats(
+            stats.num_running, stats.num_waiting + waiting, stats.free_slots, stats.max_batch, stats.kv_cache_bytes
+        )
+
+    def _run(self) -> None:
+        try:
+            self._step_until_stopped()
+        except Exception:
+            # Nothing may leave a caller waiting: a loop that dies fails every request it holds,
+            # refuses new ones (submit sees _stopping), and `running` turns False for readiness.
+            log.exception("the engine loop failed; failing every request in flight")
+            with self._lock:
+                self._stopping = True
+            self._fail_all()
+            return
+        self._cancel_all()
+
+    def _step_until_stopped(self) -> None:
+        engine = self.engine
+        while True:
+            with self._lock:
+                while not self._stopping and not self._inbox and not engine.has_work:
+                    self._wake.wait()
+                if self._stopping:
+                    return
+                while self._inbox:
+                    request, sink = self._inbox.popleft()
+                    self._sinks[id(request)] = (request, sink)
+                    engine.enqueue(request)
+            for request, output in engine.step():
+                self._deliver(request, output)
+            if self.on_step is not None and engine.last_step is not None:
+                try:
+                    self.on_step(engine.last_step, engine.stats())
+                except Exception:
+                    log.exception("on_step callback failed")
+
+    def _fail_all(self) -> None:
+        with self._lock:
+            held = [*self._inbox, *self._sinks.values()]
+            self._inbox.clear()
+            self._sinks.clear()
+        for request, sink in held:
+            request.cancel()
+            if not request.finished:
+                request.status, request.finish_reason = RequestStatus.FINISHED, "error"
+            try:
+                sink(self.engine._output(request, "", ()))
+            except Exception:
+                log.exception("delivering the failure of request %s failed", request.request_id)
+
+    def _deliver(self, request: Request, output: RequestOutput) -> None:
+        with self._lock:
+            held = self._sinks.pop(id(request), None) if output.finished else self._sinks.get(id(request))
+        if held is None:
+            return
+        sink = held[1]
+        try:
+            sink(output)
+        except Exception:
+            log.exception("delivering output of request %s failed", request.request_id)
+
+    def _cancel_all(self) -> None:
+        with self._lock:
+            inbox = list(self._inbox)
+            self._inbox.clear()
+        for request, sink in inbox:
+            # Never queued: finished here, so its caller hears about it like everyone else.
+            request.cancel()
+            request.status, request.finish_reason = RequestStatus.FINISHED, "cancelled"
+            self._sinks[id(request)] = (request, sink)
+            self._deliver(request, self.engine._output(request, "", ()))
+        for running in [*self.engine.scheduler.running, *self.engine.scheduler.waiting]:
+            running.cancel()
+        while self.engine.has_work:
+            for request, output in self.engine.step():
+                self._deliver(request, output)

@@ -1,0 +1,97 @@
+"""The model runner: how one engine step runs on the model (the scheduler decides who runs).
+
+A step is at most two batched forwards: one prefill over the newly admitted prompts
+(right-padded to the longest; each writes its keys/values into its own slot) and one decode
+over every running sequence. Decode rows are the pool's slots 0..n-1, the range in use (the
+pool hands out the lowest free slot, so it stays packed): the cached keys are read as a view
+and each row attends to its own length through a mask. A slot in that range with no decoding
+sequence (free, or just prefilled this step) runs a dummy token that writes to the pool's
+scratch position, so it never touches a live sequence's keys. Then sampling.sample picks one
+token per request: a step plan in, sampled tokens out.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from aieng_core.model.llama import LlamaForCausalLM
+from aieng_core.serving.kv_cache import KVCachePool
+from aieng_core.serving.request import Request, StepPlan, StepResult
+from aieng_core.serving.sampling import sample
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, pool: KVCachePool) -> None:
+        self.model = model
+        self.pool = pool
+        self.device = next(model.parameters()).device
+        self.pad_id = model.config.pad_token_id
+
+    def run(self, plan: StepPlan) -> StepResult:
+        started = time.perf_counter()
+        tokens: list[int] = []
+        if plan.prefill:
+            tokens += sample(self.prefill_logits(plan.prefill), plan.prefill)
+        if plan.decode:
+            tokens += sample(self.decode_logits(plan.decode), plan.decode)
+        return StepResult(
+            tokens=tuple(tokens),
+            prefill_tokens=sum(r.num_tokens for r in plan.prefill),
+            decode_tokens=len(plan.decode),
+            forward_seconds=time.perf_counter() - started,
+        )
+
+    @torch.inference_mode()
+    def prefill_logits(self, requests: Sequence[Request]) -> torch.Tensor:
+        """Writes each request's tokens so far into its slot; logits for the next token, (n, vocab)."""
+        lengths = [r.num_tokens for r in requests]
+        longest = max(lengths)
+        ids = torch.full((len(requests), longest), self.pad_id, dtype=torch.long)
+        for row, request in enumerate(requests):
+            ids[row, : lengths[row]] = torch.tensor(request.prompt_ids + request.output_ids)
+        positions = torch.arange(longest).expand(len(requests), longest)
+        slots = torch.tensor([_slot(r) for r in requests])
+        last = torch.tensor(lengths) - 1
+        return self.model.forward_cached(
+            ids.to(self.device),
+            positions.to(self.device),
+            slots.to(self.device),
+            self.pool.keys,
+            self.pool.values,
+            last_index=last.to(self.device),
+        )
+
+    @torch.inference_mode()
+    def decode_logits(self, requests: Sequence[Request]) -> torch.Tensor:
+        """One token for each request (its last, at position num_tokens - 1); logits (n, vocab)
+        in the order of `requests`."""
+        rows = max(_slot(r) for r in requests) + 1
+        scratch = self.pool.scratch_position
+        ids = [self.pad_id] * rows
+        positions = [scratch] * rows
+        for request in requests:
+            ids[_slot(request)] = request.last_token
+            positions[_slot(request)] = request.num_tokens - 1
+        length = max(request.num_tokens for request in requests)
+        position = torch.tensor(positions)
+        # Each row sees the cached positions up to and including its own; an idle row sees
+        # position 0 only (finite zeros or stale keys: its output is thrown away).
+        mask = torch.arange(length)[None, :] <= torch.where(position == scratch, 0, position)[:, None]
+        logits = self.model.forward_cached(
+            torch.tensor(ids)[:, None].to(self.device),
+            position[:, None].to(self.device),
+            torch.arange(rows).to(self.device),
+            self.pool.keys,
+            self.pool.values,
+            decode_mask=mask[:, None, None, :].to(self.device),
+        )
+        return logits[torch.tensor([_slot(r) for r in requests], device=self.device)]
+
+
+def _slot(request: Request) -> int:
+    if request.slot is None:
+        raise RuntimeError(f"request {request.request_id} is scheduled but holds no KV-cache slot")
+    return request.slot

@@ -1,0 +1,157 @@
+"""A generation request, its sampling parameters, and the messages that cross the engine's
+boundaries: a step plan into the model runner, sampled tokens out of it.
+
+Framework-free and torch-free: the scheduler and its tests use these without a model.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length", "cancelled", "timeout", "error"]
+
+# Temperatures below this sample greedily (vLLM's _SAMPLING_EPS): dividing logits by 1e-40
+# overflows to inf and would make the softmax NaN.
+GREEDY_TEMPERATURE = 1e-5
+
+
+class RequestError(ValueError):
+    """A request that cannot be served as asked; `field` names the offending parameter."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each next token and when to stop.
+
+    temperature 0 (below GREEDY_TEMPERATURE) is greedy (top_k, top_p and seed are then irrelevant). top_k 0 means no
+    top-k cut; top_p 1.0 means no nucleus cut. With a seed, sampled output is reproducible
+    whatever else shares the batch: each request draws from its own generator.
+    """
+
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise RequestError("max_new_tokens", f"must be at least 1, got {self.max_new_tokens}")
+        if not self.temperature >= 0.0:  # also refuses NaN
+            raise RequestError("temperature", f"must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise RequestError("top_k", f"must be >= 0 (0: no cut), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise RequestError("top_p", f"must be in (0, 1], got {self.top_p}")
+        if any(not s for s in self.stop):
+            raise RequestError("stop", "stop strings must not be empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_TEMPERATURE
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    """One sequence through the engine. The scheduler moves it WAITING -> RUNNING (holding a
+    KV slot) -> FINISHED (slot freed). Anyone may call cancel(), from any thread; the engine
+    reads the flag before every step and frees the slot at once."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    arrival_time: float = field(default_factory=time.monotonic)
+    output_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    slot: int | None = None
+    finish_reason: FinishReason | None = None
+    scheduled_time: float | None = None  # when it was admitted to a slot (time.monotonic)
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    # Per-request random generator for sampling (a torch.Generator), made at admission.
+    generator: Any = None
+    _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise RequestError("prompt", "the prompt encodes to no tokens")
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens: the sequence's length so far."""
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def last_token(self) -> int:
+        return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    @property
+    def finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What the scheduler decided for one engine step.
+
+    prefill: newly admitted requests, each already holding a slot; the runner writes their
+    prompts' keys/values and samples their first token. decode: requests that already have at
+    least one generated token; the runner feeds each its last token at position num_tokens - 1.
+    The two lists are disjoint. finished: requests the scheduler removed before this step
+    (cancelled), with their slots already freed, for the engine to report.
+    """
+
+    prefill: tuple[Request, ...] = ()
+    decode: tuple[Request, ...] = ()
+    finished: tuple[Request, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.prefill and not self.decode
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.prefill) + len(self.decode)
+
+
+# A token the sampler could not draw for one row: that request fails alone, its batch goes on.
+FAILED_TOKEN = -1
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What the model runner sampled: one new token id per planned request, in the plan's
+    order (prefill, then decode). Request ids need not be unique (a /predict call sends
+    several sequences under one id), so nothing is keyed by them."""
+
+    tokens: tuple[int, ...]
+    prefill_tokens: int = 0  # prompt tokens run through the model in this step
+    decode_tokens: int = 0
+    forward_seconds: float = 0.0  # model forwards and sampling

@@ -1,0 +1,122 @@
+"""The scheduler: which requests run in the next step. Pure Python, no torch.
+
+Continuous (iteration-level) batching: every step, cancelled requests leave and free their
+slots, every running request decodes, and waiting requests are admitted first come, first
+served while a KV slot is free and the prefill token budget allows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+from aieng_core.serving.request import FinishReason, Request, RequestStatus, StepPlan
+
+
+class SlotPool(Protocol):
+    """The part of KVCachePool the scheduler uses; a Protocol keeps this module torch-free."""
+
+    @property
+    def free_slots(self) -> int: ...
+
+    def allocate(self, owner: str) -> int: ...
+
+    def free(self, slot: int) -> None: ...
+
+
+class QueueFull(Exception):
+    """The waiting queue is at `max_waiting`: the caller should shed load (HTTP 429)."""
+
+
+class Scheduler:
+    def __init__(
+        self,
+        pool: SlotPool,
+        max_waiting: int,
+        max_prefill_tokens: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if max_waiting < 1:
+            raise ValueError(f"max_waiting must be at least 1, got {max_waiting}")
+        if max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be at least 1, got {max_prefill_tokens}")
+        self.pool = pool
+        self.max_waiting = max_waiting
+        self.max_prefill_tokens = max_prefill_tokens
+        self._clock = clock
+        self._waiting: deque[Request] = deque()
+        # A dict keeps admission order and removes a finished request in O(1). Keyed by the
+        # object, not the request id: ids are the caller's and need not be unique (a /predict
+        # call runs several sequences under one id).
+        self._running: dict[int, Request] = {}
+
+    @property
+    def waiting(self) -> tuple[Request, ...]:
+        return tuple(self._waiting)
+
+    @property
+    def running(self) -> tuple[Request, ...]:
+        return tuple(self._running.values())
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    def add(self, request: Request) -> None:
+        """Queue a new request; QueueFull when `max_waiting` requests already wait."""
+        if request.status is not RequestStatus.WAITING:
+            raise ValueError(f"request {request.request_id!r} is {request.status.value}, not waiting")
+        if len(self._waiting) >= self.max_waiting:
+            raise QueueFull(f"the waiting queue is full: {self.max_waiting} requests already wait")
+        self._waiting.append(request)
+
+    def finish(self, request: Request, reason: FinishReason) -> None:
+        """Take the request out of the queue or the running set and free its slot at once.
+        Finishing an already finished request changes nothing: the first reason stands."""
+        if request.finished:
+            return
+        if request.status is RequestStatus.RUNNING:
+            del self._running[id(request)]
+        else:
+            self._waiting.remove(request)
+        if request.slot is not None:
+            self.pool.free(request.slot)
+            request.slot = None
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.finish_time = self._clock()
+
+    def schedule(self) -> StepPlan:
+        finished = [r for r in (*self._waiting, *self._running.values()) if r.cancelled]
+        for request in finished:
+            self.finish(request, "cancelled")
+
+        # Every running request decodes every step, whatever waits: admission only adds
+        # prefills beside them, so a long queue never starves sequences already generating.
+        decode = tuple(r for r in self._running.values() if r.output_ids)
+
+        prefill: list[Request] = []
+        budget_used = 0
+        while self._waiting and self.pool.free_slots > 0:
+            request = self._waiting[0]
+            # The first admission always fits, else a prompt longer than the budget would wait forever.
+            if prefill and budget_used + request.num_prompt_tokens > self.max_prefill_tokens:
+                break
+            self._waiting.popleft()
+            request.slot = self.pool.allocate(request.request_id)
+            request.status = RequestStatus.RUNNING
+            self._running[id(request)] = request
+            prefill.append(request)
+            budget_used += request.num_prompt_tokens
+
+        return StepPlan(prefill=tuple(prefill), decode=decode, finished=tuple(finished))

@@ -1,0 +1,64 @@
+"""serving_bundle: the model, tokenizer, serving limits and golden outputs `aieng serve` loads."""
+
+from typing import Any
+
+import dagster as dg
+
+from aieng_core.bundle import serving_bundle as bundle_core
+from orchestration.assets.model import model_checkpoint
+from orchestration.metadata import materialize_one, run_info
+from orchestration.partitions import single_run
+from orchestration.resources import AiengResource
+
+
+def golden_table(outputs: list[dict[str, Any]]) -> str:
+    """The golden continuations as a markdown table (prompt, tokens, text, finish reason)."""
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", "\\n")
+
+    rows = [
+        f"| {cell(o['prompt'])} | {len(o['token_ids'])} | {cell(o['text'])} | {o.get('finish_reason')} |"
+        for o in outputs
+    ]
+    return "\n".join(["| prompt | tokens | greedy continuation | finish |", "|---|---|---|---|", *rows])
+
+
+@dg.asset(
+    key=bundle_core.KIND,
+    deps=[model_checkpoint],
+    backfill_policy=single_run,
+    code_version=bundle_core.CODE_VERSION,
+    group_name="serving",
+    kinds={"pytorch", "safetensors"},
+    description=(
+        "Immutable bundle `aieng serve` loads: the current model's safetensors and config, its tokenizer, "
+        "serving.json (engine limits and request defaults from the serving: config) and golden greedy "
+        "continuations recorded by the serving engine. Its manifest's inputs chain reaches the raw snapshots. "
+        "A partial model is refused unless serving.allow_partial_model."
+    ),
+)
+def serving_bundle(context: dg.AssetExecutionContext, aieng: AiengResource) -> dg.MaterializeResult:
+    import json
+
+    artifact = bundle_core.build_serving_bundle(aieng.store(), aieng.settings(), run_info(context), context.log)
+    context.log.info(f"serving_bundle: {'reused' if artifact.reused else 'built'} {artifact.id}")
+    metrics = artifact.metrics
+    golden = json.loads(artifact.file(bundle_core.GOLDEN_FILE).read_text(encoding="utf-8"))
+    serving = json.loads(artifact.file(bundle_core.SERVING_FILE).read_text(encoding="utf-8"))
+    lineage = artifact.manifest.get("lineage", {})
+    return materialize_one(
+        artifact,
+        {
+            "model_checkpoint_id": metrics["model_checkpoint_id"],
+            "parameters": metrics["parameters"],
+            "files": metrics["files"],
+            "bytes": metrics["bytes"],
+            "kv_cache_bytes": metrics["kv_cache_bytes"],
+            "golden_prompts": metrics["golden_prompts"],
+            "golden_outputs": dg.MetadataValue.md(golden_table(golden["outputs"])),
+            "serving_limits": dg.MetadataValue.json(serving),
+            "lineage": dg.MetadataValue.json(lineage),
+            "serve_command": dg.MetadataValue.text(f"aieng serve --bundle {artifact.path}"),
+        },
+    )

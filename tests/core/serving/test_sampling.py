@@ -1,0 +1,193 @@
+"""Sampling: greedy is argmax, a seed reproduces a request's tokens whatever shares its batch,
+the top-k and top-p cuts, and temperature shaping the distribution."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+import torch
+
+from aieng_core.serving.request import Request, RequestError, SamplingParams
+from aieng_core.serving.sampling import make_generator, sample
+
+VOCAB = 50
+
+
+def request(params: SamplingParams, request_id: str = "r") -> Request:
+    return Request(request_id, [1], params, generator=None if params.greedy else make_generator(params))
+
+
+def random_logits(rows: int, seed: int) -> torch.Tensor:
+    return torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def draw_counts(probs: list[float], params: SamplingParams, draws: int) -> Counter[int]:
+    logits = torch.tensor([[math.log(p) for p in probs]])
+    r = request(params)
+    return Counter(sample(logits, [r])[0] for _ in range(draws))
+
+
+def test_greedy_rows_take_the_argmax() -> None:
+    logits = random_logits(6, seed=0)
+    requests = [request(SamplingParams(), f"r{i}") for i in range(6)]
+
+    assert sample(logits, requests) == torch.argmax(logits, dim=-1).tolist()
+
+
+def test_greedy_takes_the_first_of_tied_maxima() -> None:
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 7] = logits[0, 3] = logits[0, 40] = 5.0
+
+    assert sample(logits, [request(SamplingParams())]) == [3]
+
+
+def test_greedy_works_on_reduced_precision_logits() -> None:
+    logits = random_logits(3, seed=1)
+    requests = [request(SamplingParams(), f"r{i}") for i in range(3)]
+
+    assert sample(logits.to(torch.bfloat16), requests) == torch.argmax(logits.to(torch.bfloat16), dim=-1).tolist()
+
+
+def test_an_empty_batch_samples_nothing() -> None:
+    assert sample(torch.zeros(0, VOCAB), []) == []
+
+
+def test_logits_rows_must_match_the_requests() -> None:
+    with pytest.raises(ValueError, match=r"shape \(2, 50\) do not match 3 requests"):
+        sample(random_logits(2, seed=0), [request(SamplingParams(), f"r{i}") for i in range(3)])
+
+
+def test_a_seeded_request_draws_the_same_tokens_alone_or_in_any_batch() -> None:
+    params = SamplingParams(temperature=0.9, top_k=30, top_p=0.95, seed=1234)
+    row = random_logits(1, seed=5)[0] / 3  # flat enough that every draw is a real choice
+
+    alone = request(params)
+    alone_tokens = [sample(row[None], [alone])[0] for _ in range(40)]
+
+    batched = request(params)
+    batched_tokens = []
+    for step in range(40):
+        others = [
+            request(SamplingParams(temperature=1.3, seed=None), "o0"),
+            request(SamplingParams(), "o1"),
+            request(SamplingParams(temperature=0.5, top_p=0.8, seed=step), "o2"),
+            request(SamplingParams(temperature=2.0, top_k=3, seed=None), "o3"),
+        ]
+        logits = random_logits(5, seed=100 + step)
+        logits[2] = row
+        batch = [others[0], others[1], batched, others[2], others[3]]
+        batched_tokens.append(sample(logits, batch)[2])
+
+    assert batched_tokens == alone_tokens
+    assert len(set(alone_tokens)) > 5  # really sampled, not a constant
+    other_seed = request(SamplingParams(temperature=0.9, top_k=30, top_p=0.95, seed=1235))
+    assert [sample(row[None], [other_seed])[0] for _ in range(40)] != alone_tokens
+
+
+def test_a_missing_generator_is_made_from_the_seed_on_first_use() -> None:
+    params = SamplingParams(temperature=1.0, seed=99)
+    row = random_logits(1, seed=2) / 3
+    lazy = Request("lazy", [1], params)
+    made = request(params)
+
+    lazy_tokens = [sample(row, [lazy])[0] for _ in range(20)]
+
+    assert isinstance(lazy.generator, torch.Generator)
+    assert lazy_tokens == [sample(row, [made])[0] for _ in range(20)]
+
+
+@pytest.mark.parametrize(
+    "params", [SamplingParams(temperature=1.5, top_k=1), SamplingParams(temperature=1.5, top_p=1e-6)]
+)
+def test_top_k_one_and_a_tiny_top_p_are_greedy(params: SamplingParams) -> None:
+    logits = random_logits(8, seed=3) / 3
+    for seed in range(5):
+        requests = [request(replace(params, seed=seed * 8 + i), f"r{i}") for i in range(8)]
+        assert sample(logits, requests) == torch.argmax(logits, dim=-1).tolist()
+
+
+def test_top_k_one_breaks_ties_as_argmax_does() -> None:
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 9] = logits[0, 4] = 5.0
+
+    assert sample(logits, [request(SamplingParams(temperature=1.0, top_k=1, seed=0))]) == [4]
+
+
+def test_temperature_one_draws_in_proportion_to_the_probabilities() -> None:
+    counts = draw_counts([0.5, 0.3, 0.2], SamplingParams(temperature=1.0, seed=0), draws=4000)
+
+    assert dict(counts) == {0: 1953, 1: 1164, 2: 883}
+    assert [abs(counts[i] / 4000 - p) < 0.03 for i, p in enumerate([0.5, 0.3, 0.2])] == [True] * 3
+
+
+def test_a_low_temperature_sharpens_and_a_high_one_flattens() -> None:
+    sharp = draw_counts([0.5, 0.3, 0.2], SamplingParams(temperature=0.5, seed=0), draws=4000)
+    flat = draw_counts([0.5, 0.3, 0.2], SamplingParams(temperature=4.0, seed=0), draws=4000)
+
+    # temperature 0.5 squares the probabilities: 0.25 : 0.09 : 0.04 -> 0.658, 0.237, 0.105
+    assert dict(sharp) == {0: 2610, 1: 935, 2: 455}
+    # temperature 4 takes their fourth root: 0.841 : 0.740 : 0.669 -> 0.373, 0.330, 0.297
+    assert dict(flat) == {0: 1431, 1: 1301, 2: 1268}
+
+
+def test_top_k_never_draws_outside_the_k_most_likely() -> None:
+    counts = draw_counts([0.4, 0.1, 0.3, 0.2], SamplingParams(temperature=1.0, top_k=2, seed=7), draws=2000)
+
+    assert sorted(counts) == [0, 2]
+    assert dict(counts) == {0: 1131, 2: 869}  # renormalised 0.4 : 0.3 -> 0.571, 0.429
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
+    probs = [0.5, 0.3, 0.2]
+    nucleus = draw_counts(probs, SamplingParams(temperature=1.0, top_p=0.6, seed=7), draws=2000)
+    first_only = draw_counts(probs, SamplingParams(temperature=1.0, top_p=0.45, seed=7), draws=200)
+    everything = draw_counts(probs, SamplingParams(temperature=1.0, top_p=0.99, seed=7), draws=2000)
+
+    assert sorted(nucleus) == [0, 1]  # 0.5 < 0.6 <= 0.8
+    assert dict(first_only) == {0: 200}
+    assert sorted(everything) == [0, 1, 2]
+
+
+def test_top_k_applies_before_top_p() -> None:
+    # top_k=2 renormalises 0.4 : 0.3 to 0.571 : 0.429, and 0.571 reaches top_p 0.55 alone.
+    counts = draw_counts([0.4, 0.1, 0.3, 0.2], SamplingParams(temperature=1.0, top_k=2, top_p=0.55, seed=7), 200)
+
+    assert dict(counts) == {0: 200}
+
+
+def test_make_generator_uses_the_seed_or_fresh_entropy() -> None:
+    assert make_generator(SamplingParams(seed=42)).initial_seed() == 42
+    assert make_generator(SamplingParams(seed=2**64 - 1)).initial_seed() == 2**64 - 1
+    unseeded = {make_generator(SamplingParams()).initial_seed() for _ in range(3)}
+    assert len(unseeded) == 3
+
+
+@pytest.mark.parametrize(
+    ("build", "field"),
+    [
+        (lambda: make_generator(SamplingParams(seed=-1)), "seed"),
+        (lambda: make_generator(SamplingParams(seed=2**64)), "seed"),
+        (lambda: SamplingParams(temperature=-0.1), "temperature"),
+        (lambda: SamplingParams(temperature=float("nan")), "temperature"),
+        (lambda: SamplingParams(top_k=-1), "top_k"),
+        (lambda: SamplingParams(top_p=0.0), "top_p"),
+        (lambda: SamplingParams(top_p=1.5), "top_p"),
+        (lambda: SamplingParams(max_new_tokens=0), "max_new_tokens"),
+    ],
+)
+def test_invalid_parameters_raise_a_request_error_naming_the_field(build, field: str) -> None:
+    with pytest.raises(RequestError) as raised:
+        build()
+    assert raised.value.field == field
+    assert str(raised.value).startswith(f"{field}: ")
+
+
+def test_a_temperature_below_the_greedy_threshold_is_greedy() -> None:
+    from aieng_core.serving.request import GREEDY_TEMPERATURE
+
+    assert SamplingParams(temperature=GREEDY_TEMPERATURE / 10).greedy
+    assert SamplingParams(temperature=1e-45).greedy
+    assert not SamplingParams(temperature=GREEDY_TEMPERATURE).greedy

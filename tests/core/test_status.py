@@ -1,0 +1,34 @@
+"""`aieng data status`: the current artifact of every asset, the serving bundle included."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from aieng_core.status import format_status, pipeline_status
+from aieng_core.store import ArtifactStore
+
+
+def test_status_names_every_asset_down_to_the_serving_bundle(serving_bundle_artifact) -> None:
+    status = pipeline_status(serving_bundle_artifact.store)
+    assets = status["assets"]
+    assert assets["model_checkpoint"]["id"] == serving_bundle_artifact.model.id
+    assert assets["serving_bundle"]["id"] == serving_bundle_artifact.bundle.id
+    assert sorted(assets["clean_documents"]) == ["2026-01-01", "2026-01-02", "2026-01-03"]
+    text = format_status(status)
+    assert f"serving_bundle: {serving_bundle_artifact.bundle.id}" in text
+    assert "PARTIAL" not in text
+    json.dumps(status)  # the --json form is one JSON document
+
+
+def test_status_flags_a_partial_model(serving_bundle_artifact, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    shutil.copytree(serving_bundle_artifact.home, home)
+    store = ArtifactStore(home)
+    model = store.require_current("model_checkpoint")
+    manifest = dict(model.manifest)
+    manifest["metrics"] = {**manifest["metrics"], "partial": True, "stopped_by": "max_minutes", "steps": 40}
+    (model.path / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    text = format_status(pipeline_status(store))
+    assert "PARTIAL: stopped by max_minutes after 40 of 150 steps" in text

@@ -1,0 +1,644 @@
+"""`aieng serve` as an operator runs it: a real server process on a free loopback port, the
+tiny bundle, and clients that speak HTTP (stdlib, raw sockets, the official openai client).
+
+Every server is started and stopped by the test that needs it (SIGTERM, then a kill after a
+bound); every wait is a poll with a deadline. Long generations are made long by volume
+(hundreds of sequences of ignore_eos tokens), never by sleeping.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from aieng_core.serving.metrics import METRIC_HELP
+from tests.conftest import TINY_CONFIG
+
+pytestmark = pytest.mark.e2e
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+AIENG = str(Path(sys.executable).parent / "aieng")
+READY_TIMEOUT_S = 120
+STOP_TIMEOUT_S = 30
+POLL_S = 0.02
+ADMIN_TOKEN = "test-admin-token-0123456789"
+# Long work by volume: this many sequences of LONG_TOKENS tokens keep the tiny engine busy for
+# hundreds of steps (its 16 slots take them in waves).
+LONG_INPUTS = 200
+LONG_TOKENS = 50
+BIG_QUEUE = {"max_waiting": 256}
+
+
+# ---- a server process and its clients ------------------------------------------------------------
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    @property
+    def error(self) -> dict[str, Any]:
+        return self.json["error"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def poll(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(POLL_S)
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    port: int
+    log_path: Path
+    bundle_path: Path
+
+    def call(
+        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None, timeout: float = 120
+    ) -> Reply:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+            conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+            response = conn.getresponse()
+            return Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, response.read())
+        finally:
+            conn.close()
+
+    def post(self, path: str, body: Any, headers: dict[str, str] | None = None) -> Reply:
+        return self.call("POST", path, body, headers)
+
+    def get(self, path: str) -> Reply:
+        return self.call("GET", path)
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        text = self.get("/metrics").body.decode()
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.metrics().get((name, tuple(sorted(labels.items()))), 0.0)
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        lines = []
+        for line in self.log_path.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("{"):
+                lines.append(json.loads(line))
+        return lines
+
+    def log_tail(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")[-4000:]
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="unused", max_retries=0, timeout=60)
+
+    def wait_idle(self, max_batch: int = 16, timeout: float = 30) -> None:
+        """Every KV slot free again, nothing running or waiting."""
+
+        def idle() -> bool:
+            m = self.metrics()
+            return (
+                m[("aieng_kv_cache_free_slots", ())] == max_batch
+                and m[("aieng_num_requests_running", ())] == 0
+                and m[("aieng_num_requests_waiting", ())] == 0
+            )
+
+        poll(idle, timeout, "the engine to be idle with every slot free")
+
+    def wait_running(self, timeout: float = 30) -> None:
+        poll(lambda: self.metric("aieng_num_requests_running") > 0, timeout, "a running sequence")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(STOP_TIMEOUT_S)
+        return self.proc.returncode
+
+
+def write_config(folder: Path, **serving: Any) -> Path:
+    config = yaml.safe_load(TINY_CONFIG.read_text(encoding="utf-8"))
+    config["serving"].update(serving)
+    path = folder / "serving-config.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+def start_server(folder: Path, bundle_path: Path, admin_token: str | None = None, **serving: Any) -> Server:
+    folder.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIENG_")}
+    env.update(AIENG_HOME=str(folder / "home"), AIENG_CONFIG=str(write_config(folder, **serving)))
+    if admin_token is not None:
+        env["AIENG_ADMIN_TOKEN"] = admin_token
+    port = free_port()
+    log_path = folder / "server.log"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            [AIENG, "serve", "--bundle", str(bundle_path), "--port", str(port)],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    server = Server(proc, port, log_path, bundle_path)
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"the server exited with {proc.returncode}:\n{server.log_tail()}")
+        try:
+            return server.get("/health/ready").status == 200
+        except OSError:
+            return False
+
+    try:
+        poll(ready, READY_TIMEOUT_S, "/health/ready")
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+@pytest.fixture(scope="module")
+def bundle_path(serving_bundle_artifact) -> Path:
+    return serving_bundle_artifact.bundle.path
+
+
+@pytest.fixture(scope="module")
+def goldens(bundle_path: Path) -> list[dict[str, Any]]:
+    return json.loads((bundle_path / "golden.json").read_text(encoding="utf-8"))["outputs"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, bundle_path: Path) -> Iterator[Server]:
+    """One server for the tests that leave it as they found it (admin API disabled)."""
+    running = start_server(tmp_path_factory.mktemp("serve"), bundle_path, **BIG_QUEUE)
+    try:
+        yield running
+    finally:
+        assert running.stop() == 0, running.log_tail()
+
+
+def long_predict(server: Server, tag: str, inputs: int = LONG_INPUTS) -> Reply:
+    body = {
+        "inputs": [f"{tag} {n}" for n in range(inputs)],
+        "options": {"max_new_tokens": LONG_TOKENS, "ignore_eos": True, "temperature": 0},
+    }
+    return server.post("/predict", body, headers={"X-Request-ID": f"long-{tag}"})
+
+
+# ---- endpoints -------------------------------------------------------------------------------------
+
+
+def test_health_version_and_models(server: Server, serving_bundle_artifact) -> None:
+    bundle = serving_bundle_artifact.bundle
+    assert server.get("/health/live").json == {"status": "live"}
+    assert server.get("/health/ready").json == {"status": "ready", "bundle_id": bundle.id}
+    version = server.get("/version").json
+    assert version["bundle_id"] == bundle.id
+    assert version["code_version"] == bundle.manifest["code_version"]
+    assert version["created_at"] == bundle.manifest["created_at"]
+    assert version["lineage"]["model_checkpoint"] == serving_bundle_artifact.model.id
+    assert version["inputs"] == [{"kind": "model_checkpoint", "id": serving_bundle_artifact.model.id}]
+    models = server.get("/v1/models").json
+    assert models["object"] == "list"
+    assert [m["id"] for m in models["data"]] == [bundle.id]
+    assert [m.id for m in server.client().models.list().data] == [bundle.id]
+
+
+def test_generate_greedy_equals_goldens(server: Server, goldens: list[dict[str, Any]]) -> None:
+    def generate(golden: dict[str, Any]) -> dict[str, Any]:
+        body = {"prompt": golden["prompt"], "max_new_tokens": golden["max_new_tokens"], "temperature": 0}
+        reply = server.post("/generate", body)
+        assert reply.status == 200, reply.body
+        return reply.json
+
+    one_at_a_time = [generate(golden) for golden in goldens]
+    with ThreadPoolExecutor(16) as pool:  # batched with each other: batching never changes a result
+        together = list(pool.map(generate, goldens * 4))
+    for golden, result in zip(goldens * 5, one_at_a_time + together):
+        assert result["token_ids"] == golden["token_ids"], golden["prompt"]
+        assert result["text"] == golden["text"]
+        assert result["tokens"] == len(golden["token_ids"])
+        assert result["finish_reason"] == golden["finish_reason"]
+        assert result["prompt_tokens"] == len(golden["prompt_ids"])
+        assert result["latency_ms"] > 0
+
+
+def test_predict_returns_every_output_in_order(server: Server, goldens: list[dict[str, Any]]) -> None:
+    body = {
+        "request_id": "predict-1",
+        "inputs": [g["prompt"] for g in goldens],
+        "options": {"max_new_tokens": goldens[0]["max_new_tokens"], "temperature": 0},
+    }
+    reply = server.post("/predict", body)
+    assert reply.status == 200, reply.body
+    assert reply.json["request_id"] == "predict-1"
+    assert reply.headers["x-request-id"] == "predict-1"
+    assert [o["text"] for o in reply.json["outputs"]] == [g["text"] for g in goldens]
+    assert [o["tokens"] for o in reply.json["outputs"]] == [len(g["token_ids"]) for g in goldens]
+
+
+def test_openai_client_streamed_equals_non_streamed(server: Server, goldens: list[dict[str, Any]]) -> None:
+    client = server.client()
+    for golden in goldens:
+        kwargs = {"model": "aieng", "prompt": golden["prompt"], "max_tokens": 24, "temperature": 0}
+        completion = client.completions.create(**kwargs)
+        assert completion.object == "text_completion"
+        (choice,) = completion.choices
+        assert choice.finish_reason in ("stop", "length")
+        assert choice.text.startswith(golden["text"]) or golden["text"].startswith(choice.text)
+        assert completion.usage.prompt_tokens == len(golden["prompt_ids"])
+        assert completion.usage.total_tokens == completion.usage.prompt_tokens + completion.usage.completion_tokens
+
+        chunks = list(client.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        assert text == choice.text
+        reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
+        assert reasons[-1] == choice.finish_reason and set(reasons[:-1]) <= {None}
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == completion.usage.completion_tokens
+
+
+def test_openai_client_model_names_and_seeds(server: Server, serving_bundle_artifact) -> None:
+    client = server.client()
+    bundle_id = serving_bundle_artifact.bundle.id
+    by_id = client.completions.create(model=bundle_id, prompt="Once", max_tokens=5, temperature=0)
+    assert by_id.model == bundle_id
+    with pytest.raises(openai.NotFoundError) as raised:
+        client.completions.create(model="gpt-4", prompt="Once", max_tokens=5)
+    assert raised.value.body["param"] == "model"
+    # A seed makes sampled output reproducible; a list of prompts gets one choice each.
+    sampled = [
+        client.completions.create(model="aieng", prompt=["A model", "数据"], max_tokens=12, temperature=1.0, seed=7)
+        for _ in range(2)
+    ]
+    assert [c.text for c in sampled[0].choices] == [c.text for c in sampled[1].choices]
+    assert [c.index for c in sampled[0].choices] == [0, 1]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {"prompt": "a", "foo": 1}, "foo"),
+        ("/v1/completions", {"prompt": "a", "logprobs": 1}, "logprobs"),
+        ("/v1/completions", {"prompt": "a", "echo": True}, "echo"),
+        ("/v1/completions", {"prompt": "a", "n": 2}, "n"),
+        ("/v1/completions", {"prompt": "a", "best_of": 3}, "best_of"),
+        ("/v1/completions", {"prompt": "a", "presence_penalty": 0.5}, "presence_penalty"),
+        ("/v1/completions", {"prompt": "a", "frequency_penalty": -1}, "frequency_penalty"),
+        ("/v1/completions", {"prompt": "a", "logit_bias": {"7": 1}}, "logit_bias"),
+        ("/v1/completions", {"prompt": "a", "suffix": "b"}, "suffix"),
+        ("/v1/completions", {"prompt": "The data pipeline", "max_tokens": 64}, "max_tokens"),
+        ("/v1/completions", {"prompt": "a", "temperature": 3}, "temperature"),
+        ("/v1/completions", {"max_tokens": 3}, "prompt"),
+        ("/generate", {"prompt": "The data pipeline", "max_new_tokens": 60}, "max_new_tokens"),
+        ("/generate", {"prompt": "a", "top_p": 0}, "top_p"),
+        ("/generate", {"prompt": "a", "temperature": -1}, "temperature"),
+        ("/generate", {"prompt": ""}, "prompt"),
+        ("/generate", {"prompt": "a", "stop": [""]}, "stop"),
+        ("/generate", {"prompt": "a", "max_tokens": 4}, "max_tokens"),
+        ("/generate", {"prompt": "a", "request_id": "no spaces please"}, "request_id"),
+        ("/predict", {"inputs": []}, "inputs"),
+        ("/predict", {"inputs": ["a"], "options": {"bogus": 1}}, "options"),
+        ("/predict", {"inputs": ["The data pipeline"], "options": {"max_new_tokens": 60}}, "options.max_new_tokens"),
+    ],
+)
+def test_bad_requests_are_400_naming_the_field(server: Server, path: str, body: dict, param: str) -> None:
+    reply = server.post(path, body)
+    assert reply.status == 400, reply.body
+    error = reply.error
+    assert error["param"] == param
+    assert param.split(".")[-1] in error["message"]
+    assert error["type"] == "invalid_request_error"
+    assert "Traceback" not in reply.body.decode()
+
+
+def test_malformed_requests(server: Server) -> None:
+    not_json = server.post("/generate", b"{not json")
+    assert not_json.status == 400 and "error" in not_json.json
+    bad_id = server.post("/generate", {"prompt": "a"}, headers={"X-Request-ID": "bad id with spaces"})
+    assert bad_id.status == 400 and bad_id.error["param"] == "X-Request-ID"
+    missing = server.get("/nope")
+    assert missing.status == 404 and missing.error["type"] == "not_found_error"
+    wrong_method = server.get("/generate")
+    assert wrong_method.status == 405 and "error" in wrong_method.json
+
+
+def test_request_id_is_echoed_and_logged(server: Server) -> None:
+    given = server.post("/generate", {"prompt": "a", "max_new_tokens": 2}, headers={"X-Request-ID": "rid-given-42"})
+    assert given.status == 200
+    assert given.headers["x-request-id"] == "rid-given-42" and given.json["request_id"] == "rid-given-42"
+    in_body = server.post("/generate", {"prompt": "a", "max_new_tokens": 2, "request_id": "rid-body-7"})
+    assert in_body.headers["x-request-id"] == "rid-body-7" and in_body.json["request_id"] == "rid-body-7"
+    generated = server.post("/generate", {"prompt": "a", "max_new_tokens": 2})
+    assert len(generated.headers["x-request-id"]) == 32
+    assert generated.json["request_id"] == generated.headers["x-request-id"]
+    error = server.post("/generate", {"prompt": "a", "n": 2}, headers={"X-Request-ID": "rid-error-1"})
+    assert error.status == 400 and error.headers["x-request-id"] == "rid-error-1"
+
+    def logged() -> list[dict[str, Any]]:
+        return [line for line in server.log_lines() if line.get("request_id") == "rid-given-42"]
+
+    (line,) = poll(logged, 10, "the request's log line")
+    assert line["path"] == "/generate" and line["status"] == 200
+    assert line["completion_tokens"] == 2 and line["prompt_tokens"] >= 1 and line["latency_ms"] > 0
+    assert line["batch_size"] >= 1
+    assert {"timestamp", "level", "logger", "message"} <= set(line)
+    assert poll(lambda: [ln for ln in server.log_lines() if ln.get("request_id") == "rid-body-7"], 10, "body id")
+
+
+def test_metrics_expose_every_name(server: Server) -> None:
+    assert server.post("/generate", {"prompt": "a", "max_new_tokens": 3}).status == 200
+    text = server.get("/metrics").body.decode()
+    names = {sample.name for family in text_string_to_metric_families(text) for sample in family.samples}
+    for name in METRIC_HELP:
+        assert name in names or f"{name}_count" in names, name
+    assert "process_resident_memory_bytes" in names
+    assert not [name for name in names if ":" in name]
+    assert server.metric("aieng_kv_cache_slots") == 16
+    assert server.metric("aieng_kv_cache_bytes") > 0
+    assert server.metric("aieng_process_resident_memory_bytes") > 0
+    assert server.metric("aieng_http_requests_total", endpoint="/generate", status="200") >= 1
+    assert server.metric("aieng_request_success_total", finished_reason="length") >= 1
+    assert server.metric("aieng_time_to_first_token_seconds_count") >= 1
+    assert server.metric("aieng_batch_size_count") >= 1
+
+
+def test_admin_api_is_disabled_without_a_token(server: Server, bundle_path: Path) -> None:
+    reply = server.post(
+        "/admin/reload", {"bundle": str(bundle_path)}, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    )
+    assert reply.status == 404 and reply.error["code"] == "disabled"
+
+
+# ---- disconnects free their slots ----------------------------------------------------------------------
+
+
+def raw_request(port: int, path: str, body: dict[str, Any]) -> socket.socket:
+    data = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + data)
+    return sock
+
+
+def test_streaming_client_disconnect_frees_slots(server: Server) -> None:
+    cancelled = server.metric("aieng_request_success_total", finished_reason="cancelled")
+    body = {
+        "prompt": [f"stream {n}" for n in range(LONG_INPUTS)],
+        "max_tokens": LONG_TOKENS,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
+    sock = raw_request(server.port, "/v1/completions", body)
+    received = b""
+    while b"data: {" not in received:
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed the stream before the first event"
+        received += chunk
+    assert received.startswith(b"HTTP/1.1 200")
+    sock.close()
+    server.wait_idle()
+    # Cancelled, not run to the end: most of the sequences never finished.
+    assert server.metric("aieng_request_success_total", finished_reason="cancelled") - cancelled > LONG_INPUTS / 2
+
+
+def test_non_streaming_client_disconnect_frees_slots(server: Server) -> None:
+    cancelled = server.metric("aieng_request_success_total", finished_reason="cancelled")
+    body = {
+        "inputs": [f"gone {n}" for n in range(LONG_INPUTS)],
+        "options": {"max_new_tokens": LONG_TOKENS, "ignore_eos": True},
+    }
+    sock = raw_request(server.port, "/predict", body)
+    server.wait_running()
+    sock.close()
+    server.wait_idle()
+    assert server.metric("aieng_request_success_total", finished_reason="cancelled") - cancelled > LONG_INPUTS / 2
+    assert server.post("/generate", {"prompt": "still serving", "max_new_tokens": 2}).status == 200
+
+
+# ---- backpressure, deadlines, drain, reload (each on a server of its own) ---------------------------------
+
+
+def test_full_queue_is_429_with_retry_after(tmp_path: Path, bundle_path: Path) -> None:
+    server = start_server(tmp_path, bundle_path, max_waiting=1)
+    try:
+        body = {"prompt": "overload", "max_new_tokens": LONG_TOKENS, "ignore_eos": True}
+        every: list[Reply] = []
+        for _ in range(5):  # bursts of 48 against 16 slots + 1 waiting place; one is plenty, five is the bound
+            barrier = threading.Barrier(48)
+
+            def send(_: int, barrier: threading.Barrier = barrier) -> Reply:
+                barrier.wait()
+                return server.post("/generate", body)
+
+            with ThreadPoolExecutor(48) as pool:
+                replies = list(pool.map(send, range(48)))
+            every += replies
+            if any(r.status == 429 for r in replies):
+                break
+        assert {r.status for r in every} == {200, 429}
+        refused = next(r for r in every if r.status == 429)
+        assert int(refused.headers["retry-after"]) >= 1
+        assert refused.error["type"] == "overloaded"
+        assert all(r.json["tokens"] == LONG_TOKENS for r in every if r.status == 200)
+        rejected = sum(r.status == 429 for r in every)
+        assert server.metric("aieng_requests_rejected_total", reason="overloaded") == rejected
+        server.wait_idle()
+    finally:
+        assert server.stop() == 0, server.log_tail()
+
+
+def test_deadline_is_504_and_frees_slots(tmp_path: Path, bundle_path: Path) -> None:
+    server = start_server(tmp_path, bundle_path, request_timeout_s=0.05, **BIG_QUEUE)
+    try:
+        reply = long_predict(server, "deadline")
+        assert reply.status == 504, reply.body
+        assert reply.error["type"] == "timeout" and "request_timeout_s" in reply.error["message"]
+        assert reply.headers["x-request-id"] == "long-deadline"
+        server.wait_idle()
+        assert server.metric("aieng_requests_rejected_total", reason="timeout") == 1
+        assert server.metric("aieng_request_success_total", finished_reason="cancelled") > LONG_INPUTS / 2
+    finally:
+        assert server.stop() == 0, server.log_tail()
+
+
+def test_sigterm_drains_in_flight_requests_then_exits_0(tmp_path: Path, bundle_path: Path) -> None:
+    server = start_server(tmp_path, bundle_path, **BIG_QUEUE)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            in_flight = pool.submit(long_predict, server, "drain")
+            server.wait_running()
+            server.proc.send_signal(signal.SIGTERM)
+            readiness = poll(lambda: (r := server.get("/health/ready")).status == 503 and r, 10, "readiness 503")
+            assert readiness.error["code"] == "draining"
+            refused = server.post("/generate", {"prompt": "too late", "max_new_tokens": 2})
+            assert refused.status == 503 and refused.error["code"] == "draining"
+            assert server.get("/health/live").status == 200
+            reply = in_flight.result(timeout=120)
+        assert reply.status == 200, reply.body
+        assert [o["tokens"] for o in reply.json["outputs"]] == [LONG_TOKENS] * LONG_INPUTS
+        assert server.proc.wait(STOP_TIMEOUT_S) == 0
+        messages = [line["message"] for line in server.log_lines()]
+        assert any(m.startswith("SIGTERM received: draining") for m in messages)
+        assert "drained: no request in flight; shutting down" in messages
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def second_bundle(serving_bundle_artifact, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Another bundle of the same model, built with other serving limits in a copy of the
+    shared home (the session's home and its current pointers stay as they are)."""
+    from aieng_core.bundle.serving_bundle import build_serving_bundle
+    from aieng_core.store import ArtifactStore
+
+    home = tmp_path_factory.mktemp("second-bundle") / "home"
+    shutil.copytree(serving_bundle_artifact.home, home)
+    config = serving_bundle_artifact.config
+    other = config.model_copy(update={"serving": config.serving.model_copy(update={"max_batch": 8})})
+    bundle = build_serving_bundle(ArtifactStore(home), other)
+    assert bundle.id != serving_bundle_artifact.bundle.id
+    return bundle
+
+
+def test_admin_reload(tmp_path: Path, bundle_path: Path, serving_bundle_artifact, second_bundle) -> None:
+    first_id = serving_bundle_artifact.bundle.id
+    server = start_server(tmp_path / "server", bundle_path, admin_token=ADMIN_TOKEN, **BIG_QUEUE)
+    try:
+        target = {"bundle": str(second_bundle.path)}
+        assert server.post("/admin/reload", target).status == 401
+        malformed = server.post("/admin/reload", target, headers={"Authorization": f"Basic {ADMIN_TOKEN}"})
+        assert malformed.status == 401 and malformed.headers["www-authenticate"] == "Bearer"
+        wrong = server.post("/admin/reload", target, headers={"Authorization": "Bearer not-the-token"})
+        assert wrong.status == 403 and wrong.error["type"] == "permission_error"
+        auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        typo = server.post("/admin/reload", {**target, "bundel": "x"}, headers=auth)
+        assert typo.status == 400 and typo.error["param"] == "bundel"
+
+        # A bundle that fails verification is refused; the old one keeps serving.
+        broken = tmp_path / "broken"
+        shutil.copytree(second_bundle.path, broken)
+        (broken / "serving.json").write_text((broken / "serving.json").read_text() + " ", encoding="utf-8")
+        refused = server.post("/admin/reload", {"bundle": str(broken)}, headers=auth)
+        assert refused.status == 422 and refused.error["param"] == "bundle"
+        assert "serving.json" in refused.error["message"]
+        assert server.post("/admin/reload", {"bundle": str(tmp_path / "absent")}, headers=auth).status == 422
+        assert server.get("/version").json["bundle_id"] == first_id
+        assert server.post("/generate", {"prompt": "still", "max_new_tokens": 2}).status == 200
+
+        # Requests in flight finish on the old engine; new ones go to the new bundle. Two
+        # clients send long requests back to back until the reload has answered, so that
+        # some request is in flight at the moment of the swap (checked in the log below).
+        reloaded = threading.Event()
+
+        def keep_busy(tag: str) -> list[Reply]:
+            replies = [long_predict(server, f"{tag}-0", inputs=100)]
+            while not reloaded.is_set():
+                replies.append(long_predict(server, f"{tag}-{len(replies)}", inputs=100))
+            return replies
+
+        with ThreadPoolExecutor(2) as pool:
+            busy = [pool.submit(keep_busy, tag) for tag in ("a", "b")]
+            server.wait_running()
+            try:
+                swapped = server.post("/admin/reload", target, headers=auth)
+            finally:
+                reloaded.set()
+            assert swapped.status == 200, swapped.body
+            assert swapped.json["bundle_id"] == second_bundle.id
+            assert swapped.json["previous_bundle_id"] == first_id
+            after = server.post("/v1/completions", {"model": second_bundle.id, "prompt": "A model", "max_tokens": 3})
+            assert after.status == 200 and after.json["model"] == second_bundle.id
+            replies = [reply for future in busy for reply in future.result(timeout=300)]
+        assert all(r.status == 200 for r in replies), [r.body for r in replies if r.status != 200]
+        assert all([o["tokens"] for o in r.json["outputs"]] == [LONG_TOKENS] * 100 for r in replies)
+        lines = server.log_lines()
+        (swap,) = [line for line in lines if line["message"].startswith("reloaded: now serving")]
+        swap_time = dt.datetime.fromisoformat(swap["timestamp"])
+        spanning = [
+            line
+            for line in lines
+            if line.get("path") == "/predict"
+            and line["request_id"].startswith("long-")
+            and dt.datetime.fromisoformat(line["timestamp"]) - dt.timedelta(milliseconds=line["latency_ms"])
+            < swap_time
+            < dt.datetime.fromisoformat(line["timestamp"])
+        ]
+        assert spanning, "no request was in flight during the swap"
+        assert poll(
+            lambda: any(ln["message"].startswith("stopped the engine of retired") for ln in server.log_lines()),
+            30,
+            "the old engine to stop",
+        )
+        assert server.get("/version").json["bundle_id"] == second_bundle.id
+        assert [m["id"] for m in server.get("/v1/models").json["data"]] == [second_bundle.id]
+        assert server.post("/v1/completions", {"model": first_id, "prompt": "a"}).status == 404
+        poll(lambda: server.metric("aieng_kv_cache_slots") == 8, 10, "the new engine's 8 slots")
+        server.wait_idle(max_batch=8)
+    finally:
+        assert server.stop() == 0, server.log_tail()
+
+
+def test_a_bundle_that_cannot_be_served_exits_1(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIENG_")}
+    env.update(AIENG_HOME=str(tmp_path / "home"), AIENG_CONFIG=str(TINY_CONFIG))
+    result = subprocess.run(
+        [AIENG, "serve", "--bundle", str(tmp_path / "no-bundle"), "--port", str(free_port())],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    lines = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    (error,) = [line for line in lines if line["message"].startswith("exiting: the bundle could not be served")]
+    assert "manifest.json: missing" in error["message"] and "Traceback" not in result.stderr
