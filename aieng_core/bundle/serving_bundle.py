@@ -22,6 +22,7 @@ from aieng_core.bundle.golden import GOLDEN_DEVICE, record_goldens, torch_thread
 from aieng_core.config import AiengConfig, ServingConfig
 from aieng_core.hashing import sha256_file, sha256_json
 from aieng_core.store import Artifact, ArtifactIntegrityError, ArtifactSpec, ArtifactStore, Produced, RunInfo
+from aieng_core.store.artifacts import MANIFEST
 from aieng_core.store.lineage import lineage_summary
 from aieng_core.tokenizer.bpe import TOKENIZER_FILES
 
@@ -82,16 +83,24 @@ def kv_cache_bytes(model_config: Any, max_batch: int, max_context: int) -> int:
 def produce_bundle_files(staging: Path, model_artifact: Artifact, serving: ServingConfig, threads: int) -> Produced:
     """Write a bundle of `model_artifact` into `staging`; needs nothing but the model
     artifact's directory and manifest (the serving benchmark bundles models of its own)."""
-    from aieng_core.model.hf_files import checkpoint_config, load_model, verify_files
+    from aieng_core.model.hf_files import checkpoint_config, load_model
     from aieng_core.serving.engine import Engine, EngineLimits
     from aieng_core.tokenizer.bpe import load_tokenizer
 
-    # The model's files are re-hashed against its manifest before a byte is copied.
-    verify_files(model_artifact.path, model_artifact.manifest, MODEL_FILES)
+    # Each copy is hashed against the model's manifest: the bytes bundled are the bytes the
+    # manifest names, whether the source was damaged before or changed during the copy.
+    listed = model_artifact.manifest.get("files", {})
     for name in MODEL_FILES:
-        shutil.copyfile(model_artifact.path / name, staging / name)
-        if sha256_file(staging / name) != model_artifact.manifest["files"][name]:
-            raise ArtifactIntegrityError(f"{model_artifact.path / name}: changed while it was being copied")
+        source = model_artifact.path / name
+        if name not in listed:
+            raise ArtifactIntegrityError(f"{source}: not listed in {model_artifact.path / MANIFEST}")
+        if not source.is_file():
+            raise ArtifactIntegrityError(f"{source}: missing")
+        shutil.copyfile(source, staging / name)
+        if sha256_file(staging / name) != listed[name]:
+            raise ArtifactIntegrityError(
+                f"{source}: SHA-256 does not match the model's manifest (damaged, or changed while being copied)"
+            )
     copied = Artifact(
         kind=MODEL_KIND,
         id=model_artifact.id,
@@ -177,7 +186,6 @@ def build_serving_bundle(
     lineage = lineage_summary(store, model)
 
     def produce(staging: Path) -> Produced:
-        store.check_input(model)
         produced = produce_bundle_files(staging, model, config.serving, spec.recipe["threads"])
         logger.info(f"{KIND}: bundled {MODEL_KIND} {model.id} with {produced.metrics['golden_prompts']} goldens")
         return replace(produced, extra={**produced.extra, "lineage": lineage})

@@ -53,10 +53,14 @@ class LoadedBundle:
     def engine_limits(self) -> dict[str, int]:
         return {name: int(self.serving[name]) for name in ENGINE_LIMIT_FIELDS}
 
-    def make_engine(self) -> Engine:
+    def make_engine(self, max_waiting: int | None = None) -> Engine:
+        """The bundle's engine; `max_waiting` (the server's queue length) replaces the bundle's."""
         from aieng_core.serving.engine import Engine, EngineLimits
 
-        return Engine(self.model, self.tokenizer, EngineLimits(**self.engine_limits()), self.eos_token_id)
+        limits = self.engine_limits()
+        if max_waiting is not None:
+            limits["max_waiting"] = max_waiting
+        return Engine(self.model, self.tokenizer, EngineLimits(**limits), self.eos_token_id)
 
 
 def read_manifest(path: Path) -> dict[str, Any]:

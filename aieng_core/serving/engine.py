@@ -141,9 +141,6 @@ class Engine:
         self.enqueue(request)
         return request
 
-    def abort(self, request: Request) -> None:
-        request.cancel()  # the scheduler frees its slot at the start of the next step
-
     @property
     def has_work(self) -> bool:
         return self.scheduler.has_work
@@ -260,7 +257,7 @@ class Engine:
         order = {id(request): n for n, request in enumerate(pending)}
         final: list[RequestOutput | None] = [None] * len(pending)
         while pending or self.has_work:
-            while pending and self.scheduler.num_waiting < max(self.limits.max_waiting, 1):
+            while pending and self.scheduler.num_waiting < self.limits.max_waiting:
                 self.enqueue(pending.popleft())
             for request, output in self.step():
                 if output.finished:
@@ -344,10 +341,6 @@ class EngineLoop:
             self._inbox.append((request, sink))
             self._wake.notify()
         return request
-
-    def in_flight(self) -> int:
-        with self._lock:
-            return len(self._inbox) + len(self._sinks)
 
     def stats(self) -> EngineStats:
         stats = self.engine.stats()

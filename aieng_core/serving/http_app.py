@@ -175,15 +175,12 @@ def open_deployment(bundle_path: Path, config: AiengConfig, on_step: Callable[..
     memory and context (max_batch, max_context, max_prefill_tokens) and the request defaults;
     the server's config fixes how it behaves under load (max_waiting, timeouts, threads)."""
     from aieng_core.bundle import load_bundle
-    from aieng_core.serving.engine import Engine, EngineLimits, EngineLoop
+    from aieng_core.serving.engine import EngineLoop
 
     serving = config.serving
     bundle = load_bundle(bundle_path, device=_resolve_device(serving.device))
-    limits = bundle.engine_limits()
-    # The scheduler needs room for one waiting request: admission always passes the queue.
-    limits["max_waiting"] = max(1, serving.max_waiting)
-    engine = Engine(bundle.model, bundle.tokenizer, EngineLimits(**limits), bundle.eos_token_id)
-    lengths = [n for n in serving.warmup_prompt_lengths if n < limits["max_context"]]
+    engine = bundle.make_engine(max_waiting=serving.max_waiting)
+    lengths = [n for n in serving.warmup_prompt_lengths if n < engine.limits.max_context]
     warmup = engine.warmup(lengths)
     engine.check_forward()
     s = bundle.serving
