@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from aieng_core.config import ConfigError, load_config
+from aieng_core.deploy.cli import add_deploy_parser
 from aieng_core.home import raw_partition_dir, resolve_home
 from aieng_core.store import ArtifactIntegrityError, ArtifactNotFound, ArtifactStore
+from aieng_core.store.lineage_cli import add_lineage_parser
 
 # Errors a user can act on: printed as one line, never as a traceback.
 USER_ERRORS = (ConfigError, ArtifactNotFound, ArtifactIntegrityError, FileNotFoundError, FileExistsError, ValueError)
@@ -179,11 +181,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from aieng_core.serving.server import run_server
 
     return run_server(
-        bundle_path=Path(args.bundle),
+        bundle_path=Path(args.bundle) if args.bundle else None,
         host=args.host,
         port=args.port,
         config=load_config(args.config),
         log_level=args.log_level,
+        follow_home=resolve_home(args.home) if args.deployment else None,
     )
 
 
@@ -282,13 +285,22 @@ def build_parser() -> argparse.ArgumentParser:
     current.set_defaults(handler=cmd_bundle_current)
 
     serve = commands.add_parser("serve", help="serve a bundle over HTTP (OpenAI-compatible completions)")
-    serve.add_argument("--bundle", required=True, help="the serving bundle directory (`aieng bundle current --path`)")
+    serving_what = serve.add_mutually_exclusive_group(required=True)
+    serving_what.add_argument("--bundle", help="the serving bundle directory (`aieng bundle current --path`)")
+    serving_what.add_argument(
+        "--deployment",
+        choices=["current"],
+        help="follow the production deployment pointer: a promote or rollback swaps the bundle served",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
     serve.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log level (default info)"
     )
     serve.set_defaults(handler=cmd_serve)
+
+    add_deploy_parser(commands)
+    add_lineage_parser(commands)
 
     bench = commands.add_parser("bench", help="side-by-side benchmarks against peers, as JSON")
     bench.add_argument("suite", nargs="?", default="data", choices=["data", "model", "serving"])

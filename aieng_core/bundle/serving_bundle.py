@@ -30,7 +30,7 @@ from aieng_core.tokenizer.bpe import TOKENIZER_FILES
 # define the asset, and loading the location must stay light.
 
 KIND = asset_keys.SERVING_BUNDLE
-CODE_VERSION = "serving_bundle-v1"
+CODE_VERSION = "serving_bundle-v2"
 MODEL_KIND = asset_keys.MODEL_CHECKPOINT
 
 # Spelled out (not imported from model/hf_files.py) to keep torch out of this module's imports.

@@ -3,10 +3,12 @@
 Token embedding -> N x [RMSNorm -> grouped-query attention with rotary positions -> residual,
 RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> LM head (optionally tied to the embedding).
 
-`forward` is the reference (training, evaluation, `generate_greedy`). `forward_cached` is the
-same network reading and writing a preallocated key/value cache (aieng_core/serving/kv_cache.py):
-a prefill writes each prompt's keys and values into its sequence's slot; a decode step runs
-every running sequence's next token, each at its own position, in one batched forward.
+`forward` is the reference (training, evaluation, `generate_greedy`). The serving engine runs
+the same network over a preallocated key/value cache (aieng_core/serving/kv_cache.py):
+`forward_cached` is a prefill, writing each prompt's keys and values into its sequence's slot;
+`decode_step` runs every running sequence's next token, each at its own position, in one
+batched forward. A decode step is a few hundred small ops, so its path is the lean one: one
+fused norm per norm, rotary on queries and keys together, attention as two batched matmuls.
 
 Parameter and config names are those of transformers' LlamaForCausalLM, except that q/k/v
 and gate/up are each one matrix here (fewer, larger matmuls: faster training on CPU).
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 import torch.nn as nn
@@ -89,6 +91,11 @@ class RMSNorm(nn.Module):
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
 
+    def fused(self, x: torch.Tensor) -> torch.Tensor:
+        """The same numbers through torch's one-op rms_norm (inference only: training keeps
+        the explicit form above, whose gradients the checkpoints were trained with)."""
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
 
 def rotary_tables(
     config: LlamaConfig, positions: torch.Tensor, dtype: torch.dtype
@@ -110,24 +117,53 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + _rotate_half(x) * sin
 
 
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin with rotate_half's minus sign folded in: (-sin_a, sin_b) for halves (sin_a, sin_b)."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def apply_rotary_signed(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """apply_rotary in three ops instead of six: swapping the halves and multiplying by the
+    signed sin gives rotate_half(x) * sin exactly (a sign change rounds nothing)."""
+    half = x.shape[-1] // 2
+    swapped = x.unflatten(-1, (2, half)).flip(-2).flatten(-2)
+    return torch.addcmul(x * cos, swapped, sin_signed)
+
+
+def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """One query per row against its cached keys, as two batched matmuls.
+
+    q: (batch, heads, head_dim); keys, values: (batch, kv_heads, length, head_dim) views of the
+    cache; bias: (batch * kv_heads, heads // kv_heads, length), 0 where a row sees a position and
+    -inf where it does not. Query heads are grouped under the key/value head they share (as
+    transformers' repeat_kv pairs them), so no key is copied per query head. For a single
+    query this beats scaled_dot_product_attention, whose CPU kernel is built for many.
+    Returns (batch, heads * head_dim).
+    """
+    batch, heads, head_dim = q.shape
+    kv_heads, length = keys.shape[1], keys.shape[2]
+    grouped = q.reshape(batch * kv_heads, heads // kv_heads, head_dim)
+    keys = keys.reshape(batch * kv_heads, length, head_dim)
+    values = values.reshape(batch * kv_heads, length, head_dim)
+    scores = torch.baddbmm(bias, grouped, keys.transpose(1, 2), alpha=head_dim**-0.5)
+    return torch.bmm(torch.softmax(scores, dim=-1), values).view(batch, heads * head_dim)
+
+
 class LayerCache(NamedTuple):
-    """One layer's view of the KV cache for a cached forward.
+    """One layer's view of the KV cache for a prefill.
 
     keys, values: the layer's cache, (slots, kv_heads, positions, head_dim).
     slots: (batch,) the slot of each row. positions: (batch, seq) the position of each token;
-    its keys and values are written there.
-    decode_mask: None for a prefill, where each row is a prompt from position 0 (right-padded:
+    its keys and values are written there. Each row is a prompt from position 0 (right-padded:
     a causal mask keeps real tokens from seeing the padding after them), so attention runs over
-    this forward's own keys. For a decode step, (batch, 1, 1, length) bool: which cached
-    positions each row's token sees; decode rows are slots 0..batch-1 in order, so the cache is
-    read as a view, never gathered.
+    the forward's own keys.
     """
 
     keys: torch.Tensor
     values: torch.Tensor
     slots: torch.Tensor
     positions: torch.Tensor
-    decode_mask: torch.Tensor | None
 
     def write(self, k: torch.Tensor, v: torch.Tensor) -> None:
         # k, v: (batch, kv_heads, seq, head_dim); the indexed cache view is (batch, seq, kv_heads, head_dim).
@@ -135,10 +171,21 @@ class LayerCache(NamedTuple):
         self.keys[rows, :, self.positions] = k.transpose(1, 2)
         self.values[rows, :, self.positions] = v.transpose(1, 2)
 
-    def read(self) -> tuple[torch.Tensor, torch.Tensor]:
-        assert self.decode_mask is not None
-        batch, length = self.decode_mask.shape[0], self.decode_mask.shape[-1]
-        return self.keys[:batch, :, :length], self.values[:batch, :, :length]
+
+class DecodeBatch(NamedTuple):
+    """What every layer of a decode step shares. Row i of the step is cache slot i, so the
+    cache is read as a view (slots 0..batch-1), never gathered.
+
+    rows: (batch,) 0..batch-1. positions: (batch,) where each row's token goes.
+    cos, sin_signed: (batch, 1, head_dim) rotary factors at those positions (see
+    apply_rotary_signed). bias: the attention bias of decode_attention; length is its last dim.
+    """
+
+    rows: torch.Tensor
+    positions: torch.Tensor
+    cos: torch.Tensor
+    sin_signed: torch.Tensor
+    bias: torch.Tensor
 
 
 class Attention(nn.Module):
@@ -160,18 +207,22 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x).view(batch, seq, self.n_heads + 2 * self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k, v = qkv.split([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=1)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if cache is not None:  # prefill: keys and values are kept; the prompt attends to itself
+            cache.write(k, v)
         # Grouped-query attention: each key/value head serves n_heads / n_kv_heads query heads.
-        gqa = self.n_kv_heads != self.n_heads
-        if cache is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        elif cache.decode_mask is None:  # prefill: the prompt attends to itself
-            cache.write(k, v)
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        else:  # decode: each row's token attends to its own cached positions
-            cache.write(k, v)
-            keys, values = cache.read()
-            y = F.scaled_dot_product_attention(q, keys, values, attn_mask=cache.decode_mask, enable_gqa=gqa)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
         return self.o_proj(y.transpose(1, 2).reshape(batch, seq, self.n_heads * self.head_dim))
+
+    def decode(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, step: DecodeBatch) -> torch.Tensor:
+        """x: (batch, hidden), one token per row; its key and value go into the cache first."""
+        batch = x.shape[0]
+        qkv = self.qkv_proj(x).view(batch, self.n_heads + 2 * self.n_kv_heads, self.head_dim)
+        qk, v = qkv.split([self.n_heads + self.n_kv_heads, self.n_kv_heads], dim=1)
+        q, k = apply_rotary_signed(qk, step.cos, step.sin_signed).split([self.n_heads, self.n_kv_heads], dim=1)
+        keys[step.rows, :, step.positions] = k
+        values[step.rows, :, step.positions] = v
+        length = step.bias.shape[-1]
+        return self.o_proj(decode_attention(q, keys[:batch, :, :length], values[:batch, :, :length], step.bias))
 
 
 class MLP(nn.Module):
@@ -201,6 +252,10 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def decode(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, step: DecodeBatch) -> torch.Tensor:
+        x = x + self.self_attn.decode(self.input_layernorm.fused(x), keys, values, step)
+        return x + self.mlp(self.post_attention_layernorm.fused(x))
 
 
 class LlamaBody(nn.Module):
@@ -256,9 +311,9 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        # cos/sin of every position, made on the first cached forward (a plain attribute, not a
-        # buffer: it is derived from the config and never saved).
-        self._rotary: tuple[torch.Tensor, torch.Tensor] | None = None
+        # cos, sin and signed sin of every position, made on the first cached forward (a plain
+        # attribute, not a buffer: it is derived from the config and never saved).
+        self._rotary: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.apply(self._init_weights)
         # Scaled init of the residual projections (GPT-2 / nanoGPT): keeps the residual
         # stream's variance from growing with depth.
@@ -302,33 +357,62 @@ class LlamaForCausalLM(nn.Module):
         slots: torch.Tensor,
         cache_keys: list[torch.Tensor],
         cache_values: list[torch.Tensor],
-        decode_mask: torch.Tensor | None = None,
-        last_index: torch.Tensor | None = None,
+        last_index: torch.Tensor,
     ) -> torch.Tensor:
-        """Next-token logits (batch, vocab), reading and writing the KV cache (see LayerCache).
+        """A prefill: next-token logits (batch, vocab), writing the KV cache (see LayerCache).
 
-        input_ids and positions: (batch, seq). A prefill passes right-padded prompts and
-        `last_index` (batch,), each prompt's last real position; a decode step passes one token
-        per row (seq = 1) and `decode_mask`.
+        input_ids and positions: (batch, seq), right-padded prompts; `last_index` (batch,) is
+        each prompt's last real position, the one whose logits are sampled.
         """
         x = self.model.embed_tokens(input_ids)
-        cos_table, sin_table = self._rotary_table(x)
-        # Looked up, not recomputed: a decode step is a few hundred small ops, each one counts.
+        cos_table, sin_table, _ = self._rotary_table(x)
         cos, sin = cos_table[positions].unsqueeze(1), sin_table[positions].unsqueeze(1)  # (batch, 1, seq, head_dim)
         for layer, keys, values in zip(self.model.layers, cache_keys, cache_values, strict=True):
-            x = layer(x, cos, sin, LayerCache(keys, values, slots, positions, decode_mask))
-        if last_index is not None:
-            x = x[torch.arange(x.shape[0], device=x.device), last_index]  # only the logits we sample from
-        else:
-            x = x[:, -1]
+            x = layer(x, cos, sin, LayerCache(keys, values, slots, positions))
+        x = x[torch.arange(x.shape[0], device=x.device), last_index]  # only the logits we sample from
         return self.lm_head(self.model.norm(x))
 
-    def _rotary_table(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin for positions 0..max_position_embeddings (one past the last: the KV
-        pool's scratch position), the same numbers rotary_tables gives for any subset."""
+    @torch.no_grad()
+    def decode_step(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        lengths: torch.Tensor,
+        cache_keys: list[torch.Tensor],
+        cache_values: list[torch.Tensor],
+    ) -> torch.Tensor:
+        """One token for each of the cache's slots 0..batch-1: next-token logits (batch, vocab).
+
+        input_ids, positions: (batch,), each row's token and where its key and value go.
+        lengths: (batch,), how many cached positions (from 0) each row attends to, its own
+        included.
+        """
+        x = self.model.embed_tokens(input_ids)
+        cos_table, _, sin_signed_table = self._rotary_table(x)
+        batch, length = x.shape[0], int(lengths.max())
+        groups = self.config.num_attention_heads // self.config.num_key_value_heads
+        sees = torch.arange(length, device=x.device) < lengths[:, None]
+        bias = torch.zeros(sees.shape, dtype=x.dtype, device=x.device).masked_fill_(~sees, float("-inf"))
+        step = DecodeBatch(
+            rows=torch.arange(batch, device=x.device),
+            positions=positions,
+            cos=cos_table[positions].unsqueeze(1),
+            sin_signed=sin_signed_table[positions].unsqueeze(1),
+            # (batch, length) -> decode_attention's (batch * kv_heads, groups, length), made once per step.
+            bias=bias[:, None, None].expand(batch, self.config.num_key_value_heads, groups, length).flatten(0, 1),
+        )
+        for layer, keys, values in zip(self.model.layers, cache_keys, cache_values, strict=True):
+            x = cast(DecoderLayer, layer).decode(x, keys, values, step)
+        return self.lm_head(self.model.norm.fused(x))
+
+    def _rotary_table(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """cos, sin and signed sin for positions 0..max_position_embeddings (one past the last:
+        the KV pool's scratch position), the numbers rotary_tables gives for any subset. Looked
+        up, not recomputed: a decode step is a few hundred small ops, each one counts."""
         if self._rotary is None or self._rotary[0].device != x.device or self._rotary[0].dtype != x.dtype:
             positions = torch.arange(self.config.max_position_embeddings + 1, device=x.device)
-            self._rotary = rotary_tables(self.config, positions, x.dtype)
+            cos, sin = rotary_tables(self.config, positions, x.dtype)
+            self._rotary = (cos, sin, signed_sin(sin))
         return self._rotary
 
     @torch.no_grad()

@@ -12,7 +12,9 @@ a one-token forward in a background thread, and only then does /health/ready tur
 begin_drain() (the server calls it on SIGTERM) turns readiness to 503 and refuses new
 generation requests while those in flight finish. POST /admin/reload swaps to another
 verified bundle: new requests go to the new engine, in-flight ones finish on the old one,
-whose loop is then stopped.
+whose loop is then stopped. A server started with a `follow` callable (`aieng serve
+--deployment current`) instead polls a deployment pointer and makes the same swap whenever
+a promote or rollback changes it; a pointer rolled back to no bundle turns readiness to 503.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import importlib
 import importlib.metadata
 import json
 import logging
@@ -196,10 +199,23 @@ def open_deployment(bundle_path: Path, config: AiengConfig, on_step: Callable[..
 
 class ServingState:
     """What the server is doing: loading, ready, draining; which deployment serves; how
-    many generation requests are in flight."""
+    many generation requests are in flight.
 
-    def __init__(self, bundle_path: Path, config: AiengConfig, admin_token: str | None) -> None:
+    `follow`, when given, reads the deployment pointer the server follows (it returns a
+    deploy.follow.PointerTarget); the bundle path is then whatever the pointer names."""
+
+    def __init__(
+        self,
+        bundle_path: Path | None,
+        config: AiengConfig,
+        admin_token: str | None,
+        follow: Callable[[], Any] | None = None,
+    ) -> None:
+        if (bundle_path is None) == (follow is None):
+            raise ValueError("serve either a bundle path or a deployment pointer, not both and not neither")
         self.bundle_path = bundle_path
+        self.follow = follow
+        self.following: Any = None  # the PointerTarget last acted on (loaded, emptied or refused)
         self.config = config
         self.admin_token = admin_token or None
         self.metrics = ServingMetrics()
@@ -236,6 +252,22 @@ class ServingState:
     async def initial_load(self) -> None:
         started = time.monotonic()
         try:
+            if self.follow is not None:
+                self.following = await asyncio.to_thread(self.follow)
+                self.bundle_path = self.following.path
+                if self.bundle_path is None:
+                    # Import the engine now (torch and the model code take seconds), so the
+                    # first promote only loads, verifies and warms its bundle.
+                    for module in (
+                        "aieng_core.bundle.verify",
+                        "aieng_core.serving.engine",
+                        "aieng_core.model.hf_files",
+                    ):
+                        await asyncio.to_thread(importlib.import_module, module)
+                    self.phase = "ready"  # and not ready(): nothing to serve until a promote
+                    log.warning("%s", self.no_bundle_message())
+                    return
+            assert self.bundle_path is not None
             deployment = await asyncio.to_thread(self._open, self.bundle_path)
         except Exception as exc:
             self.phase, self.error = "failed", str(exc)
@@ -266,6 +298,75 @@ class ServingState:
             self._maybe_stop(previous)
         return previous
 
+    def _uninstall(self) -> Deployment | None:
+        """Serve nothing (a pointer rolled back to no bundle): in-flight requests finish on
+        the retired engine; new ones get 503 until a bundle is promoted."""
+        previous, self.current = self.current, None
+        if previous is not None:
+            previous.retired = True
+            self._maybe_stop(previous)
+        return previous
+
+    def no_bundle_message(self) -> str:
+        pointer = self.following.pointer if self.following is not None else "production"
+        return f"no bundle is deployed on the {pointer} pointer; promote one with `aieng deploy promote BUNDLE_ID`"
+
+    async def follow_pointer(self, interval_s: float) -> None:
+        """Poll the deployment pointer; swap (or empty) the served bundle when it changes.
+
+        A bundle the pointer names but that fails to load or verify is refused once (logged
+        as an error) and the current one keeps serving; the next change of the pointer is
+        tried again."""
+        assert self.follow is not None and self.reload_lock is not None
+        unreadable: str | None = None
+        while not self.draining:
+            await asyncio.sleep(interval_s)
+            if self.phase != "ready" or self.draining:
+                continue
+            try:
+                target = await asyncio.to_thread(self.follow)
+            except Exception as exc:
+                if str(exc) != unreadable:  # once per distinct problem, not every poll
+                    unreadable = str(exc)
+                    log.error("cannot read the deployment pointer; still serving what was loaded: %s", exc)
+                continue
+            unreadable = None
+            if self.following is not None and target.bundle_id == self.following.bundle_id:
+                continue
+            async with self.reload_lock:
+                old_id = self.current.bundle_id if self.current is not None else None
+                self.following = target
+                if target.path is None:
+                    self._uninstall()
+                    log.warning(
+                        "the %s pointer was emptied (was %s): %s", target.pointer, old_id, self.no_bundle_message()
+                    )
+                    continue
+                started = time.monotonic()
+                try:
+                    deployment, _previous = await self.reload(target.path)
+                except Exception as exc:
+                    log.error(
+                        "the %s pointer names bundle %s, which was refused; still serving %s: %s",
+                        target.pointer,
+                        target.bundle_id,
+                        old_id,
+                        exc,
+                        exc_info=not isinstance(exc, BUNDLE_ERRORS),
+                    )
+                    continue
+                log.info(
+                    "following the %s pointer: now serving %s (was %s)",
+                    target.pointer,
+                    deployment.bundle_id,
+                    old_id,
+                    extra={
+                        "bundle_id": deployment.bundle_id,
+                        "bundle_path": str(target.path),
+                        "latency_ms": round((time.monotonic() - started) * 1000, 1),
+                    },
+                )
+
     def _maybe_stop(self, deployment: Deployment) -> None:
         if deployment.retired and deployment.active == 0:
             task = asyncio.get_running_loop().create_task(asyncio.to_thread(deployment.loop.stop, 10.0))
@@ -289,6 +390,8 @@ class ServingState:
             raise ApiError(503, "the server is shutting down; retry on another replica", "unavailable", code="draining")
         if not self.ready or self.current is None:
             self.metrics.reject("not_ready")
+            if self.phase == "ready" and self.current is None:
+                raise ApiError(503, self.no_bundle_message(), "unavailable", code="no_deployment")
             detail = f": {self.error}" if self.error else " (loading the bundle)"
             raise ApiError(503, f"the server is not ready{detail}", "unavailable", code="not_ready")
         deployment = self.current
@@ -579,16 +682,29 @@ def _server_version() -> str:
         return "unknown"
 
 
-def create_app(bundle_path: Path, config: AiengConfig, admin_token: str | None) -> FastAPI:
-    state = ServingState(Path(bundle_path), config, admin_token)
+# How often `aieng serve --deployment` reads its pointer: a promote or rollback is seen
+# within this, then takes the time to load, verify and warm the bundle.
+FOLLOW_INTERVAL_S = 0.2
+
+
+def create_app(
+    bundle_path: Path | None,
+    config: AiengConfig,
+    admin_token: str | None,
+    follow: Callable[[], Any] | None = None,
+) -> FastAPI:
+    state = ServingState(Path(bundle_path) if bundle_path is not None else None, config, admin_token, follow)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state.reload_lock = asyncio.Lock()
         loading = asyncio.create_task(state.initial_load())
+        following = asyncio.create_task(state.follow_pointer(FOLLOW_INTERVAL_S)) if follow is not None else None
         try:
             yield
         finally:
+            if following is not None:
+                following.cancel()
             if not loading.done():
                 loading.cancel()  # the load thread itself runs on; its deployment is never installed
             await state.shutdown()
@@ -812,6 +928,8 @@ def create_app(bundle_path: Path, config: AiengConfig, admin_token: str | None) 
             raise ApiError(503, "the engine loop stopped after an error", "unavailable", code="engine_failed")
         if state.failed:
             raise ApiError(503, f"the bundle could not be loaded: {state.error}", "unavailable", code="load_failed")
+        if state.phase == "ready" and state.current is None:
+            raise ApiError(503, state.no_bundle_message(), "unavailable", code="no_deployment")
         raise ApiError(503, "loading: the bundle is being loaded and warmed up", "unavailable", code="loading")
 
     @app.get("/version")
@@ -820,9 +938,15 @@ def create_app(bundle_path: Path, config: AiengConfig, admin_token: str | None) 
         if deployment is None:
             raise ApiError(503, "no bundle is loaded yet", "unavailable", code="loading")
         manifest = deployment.bundle.manifest
+        following = state.following
         return {
             "bundle_id": deployment.bundle_id,
             "bundle_path": str(deployment.bundle.path),
+            "deployment": (
+                {"pointer": following.pointer, "bundle_id": following.bundle_id, "sequence": following.sequence}
+                if following is not None
+                else None
+            ),
             "code_version": manifest.get("code_version"),
             "created_at": manifest.get("created_at"),
             "git_commit": manifest.get("git_commit"),
@@ -861,6 +985,14 @@ def create_app(bundle_path: Path, config: AiengConfig, admin_token: str | None) 
             raise validation_error(exc.errors()) from None
         if state.draining:
             raise ApiError(503, "the server is shutting down", "unavailable", code="draining")
+        if state.follow is not None:
+            raise ApiError(
+                409,
+                "this server follows a deployment pointer: change what it serves with "
+                "`aieng deploy promote BUNDLE_ID` or `aieng deploy rollback`",
+                "conflict",
+                code="follows_deployment",
+            )
         if state.phase != "ready" or state.reload_lock is None:
             raise ApiError(409, "the first bundle is still loading", "conflict", code="loading")
         if state.reload_lock.locked():

@@ -2,12 +2,12 @@
 
 A step is at most two batched forwards: one prefill over the newly admitted prompts
 (right-padded to the longest; each writes its keys/values into its own slot) and one decode
-over every running sequence. Decode rows are the pool's slots 0..n-1, the range in use (the
-pool hands out the lowest free slot, so it stays packed): the cached keys are read as a view
-and each row attends to its own length through a mask. A slot in that range with no decoding
-sequence (free, or just prefilled this step) runs a dummy token that writes to the pool's
-scratch position, so it never touches a live sequence's keys. Then sampling.sample picks one
-token per request: a step plan in, sampled tokens out.
+over every running sequence (LlamaForCausalLM.decode_step). Decode rows are the pool's slots
+0..n-1, the range in use (the pool hands out the lowest free slot, so it stays packed): the
+cached keys are read as a view and each row attends to its own length. A slot in that range
+with no decoding sequence (free, or just prefilled this step) runs a dummy token that writes
+to the pool's scratch position, so it never touches a live sequence's keys. Then
+sampling.sample picks one token per request: a step plan in, sampled tokens out.
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ from aieng_core.serving.sampling import sample
 
 
 class ModelRunner:
+    """Owns the model it is given: its matrices are laid out for inference (see below)."""
+
     def __init__(self, model: LlamaForCausalLM, pool: KVCachePool) -> None:
-        self.model = model
+        self.model = lay_out_for_inference(model)
         self.pool = pool
         self.device = next(model.parameters()).device
         self.pad_id = model.config.pad_token_id
@@ -61,7 +63,7 @@ class ModelRunner:
             slots.to(self.device),
             self.pool.keys,
             self.pool.values,
-            last_index=last.to(self.device),
+            last.to(self.device),
         )
 
     @torch.inference_mode()
@@ -69,26 +71,41 @@ class ModelRunner:
         """One token for each request (its last, at position num_tokens - 1); logits (n, vocab)
         in the order of `requests`."""
         rows = max(_slot(r) for r in requests) + 1
-        scratch = self.pool.scratch_position
+        # An idle row writes to the scratch position and sees position 0 only (finite zeros or
+        # stale keys: its output is thrown away).
         ids = [self.pad_id] * rows
-        positions = [scratch] * rows
+        positions = [self.pool.scratch_position] * rows
+        lengths = [1] * rows
         for request in requests:
-            ids[_slot(request)] = request.last_token
-            positions[_slot(request)] = request.num_tokens - 1
-        length = max(request.num_tokens for request in requests)
-        position = torch.tensor(positions)
-        # Each row sees the cached positions up to and including its own; an idle row sees
-        # position 0 only (finite zeros or stale keys: its output is thrown away).
-        mask = torch.arange(length)[None, :] <= torch.where(position == scratch, 0, position)[:, None]
-        logits = self.model.forward_cached(
-            torch.tensor(ids)[:, None].to(self.device),
-            position[:, None].to(self.device),
-            torch.arange(rows).to(self.device),
+            slot = _slot(request)
+            ids[slot], positions[slot], lengths[slot] = request.last_token, request.num_tokens - 1, request.num_tokens
+        logits = self.model.decode_step(
+            torch.tensor(ids, device=self.device),
+            torch.tensor(positions, device=self.device),
+            torch.tensor(lengths, device=self.device),
             self.pool.keys,
             self.pool.values,
-            decode_mask=mask[:, None, None, :].to(self.device),
         )
+        if len(requests) == rows and all(_slot(r) == row for row, r in enumerate(requests)):
+            return logits
         return logits[torch.tensor([_slot(r) for r in requests], device=self.device)]
+
+
+def lay_out_for_inference(model: LlamaForCausalLM) -> LlamaForCausalLM:
+    """Stores each linear layer's matrix transposed in memory: same shape and values,
+    column-major strides, so F.linear multiplies by a contiguous (in, out) matrix.
+
+    A decode step multiplies a few rows by every matrix of the model, so it is bound by how
+    fast the weights stream from memory; on the CPUs measured here the (in, out) layout streams
+    faster (a batch-1 step about 1.5x faster; larger batches unchanged). In place, on the same
+    parameters (a tied embedding stays tied); numbers can differ from the row-major product in
+    the last bits, as any change of kernel can.
+    """
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module.weight.is_contiguous():
+                module.weight.data = module.weight.data.t().contiguous().t()
+    return model
 
 
 def _slot(request: Request) -> int:

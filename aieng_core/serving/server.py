@@ -9,6 +9,7 @@ waiting.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -69,8 +70,17 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
-def run_server(bundle_path: Path, host: str, port: int, config: AiengConfig, log_level: str = "info") -> int:
-    """Serve the bundle until drained; 0 after a clean drain, 1 when the bundle cannot be served."""
+def run_server(
+    bundle_path: Path | None,
+    host: str,
+    port: int,
+    config: AiengConfig,
+    log_level: str = "info",
+    follow_home: Path | None = None,
+    pointer: str = "production",
+) -> int:
+    """Serve the bundle (or follow `pointer` under `follow_home`) until drained; 0 after a
+    clean drain, 1 when the bundle cannot be served."""
     from aieng_core.serving.http_app import create_app
 
     configure_logging(log_level)
@@ -79,15 +89,22 @@ def run_server(bundle_path: Path, host: str, port: int, config: AiengConfig, log
 
         torch.set_num_threads(config.serving.threads)
     admin_token = os.environ.get(ADMIN_TOKEN_ENV) or None
-    app = create_app(Path(bundle_path), config, admin_token)
+    follow = None
+    if follow_home is not None:
+        from aieng_core.deploy.follow import read_target
+
+        home = Path(follow_home)
+        follow = functools.partial(read_target, home, pointer)
+    app = create_app(Path(bundle_path) if bundle_path is not None else None, config, admin_token, follow)
     state = app.state.serving
+    serving_what = str(bundle_path) if bundle_path is not None else f"the {pointer} deployment under {follow_home}"
     log.info(
         "serving %s on http://%s:%d (admin API %s)",
-        bundle_path,
+        serving_what,
         host,
         port,
         "enabled" if admin_token else f"disabled: {ADMIN_TOKEN_ENV} is not set",
-        extra={"bundle_path": str(bundle_path), "host": host, "port": port},
+        extra={"bundle_path": serving_what, "host": host, "port": port},
     )
     uv_config = uvicorn.Config(
         app,

@@ -1,16 +1,37 @@
-"""Walking an artifact's manifest `inputs` down to the raw snapshots it was built from.
+"""Walking manifest `inputs`: up from an artifact to the raw snapshots it was built from, and
+down from a partition or a landed file to everything built from it, deployments included.
 
 Every manifest names its inputs by (kind, id); following them recursively reaches every
 artifact that decided its bytes, down to raw_documents, whose manifests list the landed
 files' hashes. `aieng lineage` and the serving bundle's lineage summary both start here.
+Going down, one pass over every manifest in the store builds the reverse edges
+(`index_store`), so the answer costs one read per artifact however large the store.
+
+Deployment state is read here directly from its documented files (never by importing the
+deploy package): `current` means the bundle the production pointer names.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aieng_core import asset_keys
-from aieng_core.store.artifacts import Artifact, ArtifactStore
+from aieng_core.hashing import sha256_file
+from aieng_core.home import parse_partition
+from aieng_core.store.artifacts import (
+    MANIFEST,
+    Artifact,
+    ArtifactIntegrityError,
+    ArtifactNotFound,
+    ArtifactStore,
+    is_valid_name,
+    validate_name,
+)
 
 
 def upstream(store: ArtifactStore, artifact: Artifact) -> list[Artifact]:
@@ -57,3 +78,325 @@ def lineage_summary(store: ArtifactStore, artifact: Artifact) -> dict[str, Any]:
         "raw_source_files": sum(len(a.manifest.get("sources", [])) for a in raw),
         "artifacts": len(chain),  # `artifact` and everything upstream of it
     }
+
+
+# ---- the whole chain of one artifact ----------------------------------------------------------
+
+# Provenance records a commit built from a checkout with uncommitted changes as "<sha>-dirty".
+DIRTY_SUFFIX = "-dirty"
+
+
+def git_state(git_commit: Any) -> tuple[str | None, bool | None]:
+    """(commit, dirty) from a manifest's `git_commit`: dirty is None when no commit was recorded."""
+    if not isinstance(git_commit, str) or not git_commit:
+        return None, None
+    if git_commit.endswith(DIRTY_SUFFIX):
+        return git_commit[: -len(DIRTY_SUFFIX)], True
+    return git_commit, False
+
+
+def node(artifact: Artifact) -> dict[str, Any]:
+    """An artifact as `aieng lineage --json` lists it: its manifest plus its `path`."""
+    return {**artifact.manifest, "path": str(artifact.path)}
+
+
+def lineage_graph(store: ArtifactStore, artifact: Artifact) -> dict[str, Any]:
+    """`{"root": id, "nodes": {id: manifest + {"path"}}}`: `artifact` and everything upstream
+    of it (`upstream`, so a missing input raises ArtifactNotFound naming it). The edges are
+    each node's manifest `inputs`."""
+    nodes = {artifact.id: node(artifact)}
+    for parent in upstream(store, artifact):
+        if parent.id in nodes:  # ids hash their kind, so two kinds sharing one is a forged manifest
+            raise ArtifactIntegrityError(f"two artifacts in the lineage of {artifact.id} share the id {parent.id}")
+        nodes[parent.id] = node(parent)
+    return {"root": artifact.id, "nodes": nodes}
+
+
+# ---- deployment state (read-only; written by aieng_core.deploy) ------------------------------
+#
+# $AIENG_HOME/deployments/<pointer>/current.json: {"pointer", "bundle_id", "bundle_path",
+# "sequence", "updated_at", "stack"} (absent: nothing deployed), and history.jsonl beside it,
+# one event per line: {"sequence", "time", "pointer", "action", "from", "to", "actor",
+# "reason", "figures", "dagster_run_id"}. Only the production pointer serves; the gate's
+# rollback drill has a pointer of its own.
+
+PRODUCTION = "production"
+DEPLOYMENTS_DIR = "deployments"
+CURRENT_FILE = "current.json"
+HISTORY_FILE = "history.jsonl"
+
+
+class DeploymentStateError(ValueError):
+    """A deployment state file exists but cannot be read as the documented format."""
+
+
+class NothingDeployed(ArtifactNotFound):
+    """`current` was asked for, and the pointer names no bundle."""
+
+
+def deployment_dir(home: Path, pointer: str = PRODUCTION) -> Path:
+    return Path(home) / DEPLOYMENTS_DIR / validate_name(pointer, "deployment pointer")
+
+
+def read_deployment(home: Path, pointer: str = PRODUCTION) -> dict[str, Any] | None:
+    """The pointer's current.json as written, or None when there is none (nothing deployed)."""
+    path = deployment_dir(home, pointer) / CURRENT_FILE
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise DeploymentStateError(f"{path}: unreadable deployment state: {exc}") from None
+    if not isinstance(state, dict):
+        raise DeploymentStateError(f"{path}: deployment state is not a JSON object")
+    bundle_id = state.get("bundle_id")
+    if bundle_id is not None and not isinstance(bundle_id, str):
+        raise DeploymentStateError(f"{path}: bundle_id is {bundle_id!r}, not a string or null")
+    return state
+
+
+def read_deployment_history(home: Path, pointer: str = PRODUCTION) -> list[dict[str, Any]]:
+    """The pointer's history.jsonl events, oldest first ([] when there is none). A last line
+    without its newline is an append still in progress and is left out; any other line that
+    is not a JSON object is an error naming it."""
+    path = deployment_dir(home, pointer) / HISTORY_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        raise DeploymentStateError(f"{path}: unreadable deployment history: {exc}") from None
+    lines = text.split("\n")
+    complete, last = lines[:-1], lines[-1]  # `last` is "" when the file ends with a newline
+    events: list[dict[str, Any]] = []
+    for number, line in enumerate(complete, start=1):
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError:
+            event = None
+        if not isinstance(event, dict):
+            raise DeploymentStateError(f"{path}:{number}: not a JSON object")
+        events.append(event)
+    if last.strip():
+        try:
+            event = json.loads(last)
+        except ValueError:
+            event = None  # torn append
+        if isinstance(event, dict):
+            events.append(event)
+    return events
+
+
+def deployed_bundle(store: ArtifactStore, pointer: str = PRODUCTION) -> tuple[Artifact, dict[str, Any]]:
+    """The serving bundle `pointer` points at, and its deployment state with `events`: the
+    pointer's history events that made it current (`to` is the bundle)."""
+    state = read_deployment(store.home, pointer)
+    if state is None or state.get("bundle_id") is None:
+        where = deployment_dir(store.home, pointer) / CURRENT_FILE
+        raise NothingDeployed(
+            f"nothing is deployed to {pointer} ({where} {'names no bundle' if state else 'does not exist'}); "
+            "deploy one with `aieng deploy promote BUNDLE_ID`, or ask for a given artifact with "
+            "`aieng lineage ARTIFACT_ID`"
+        )
+    bundle_id = state["bundle_id"]
+    try:
+        bundle = store.get(asset_keys.SERVING_BUNDLE, bundle_id)
+    except ArtifactNotFound as exc:
+        raise ArtifactNotFound(f"the {pointer} deployment points at serving_bundle {bundle_id!r}: {exc}") from None
+    events = [e for e in read_deployment_history(store.home, pointer) if e.get("to") == bundle_id]
+    return bundle, {**state, "events": events}
+
+
+# ---- everything downstream of a partition or a landed file ------------------------------------
+
+# The graph's order (DESIGN §2), for listing; kinds not named here come after, by name.
+GRAPH_ORDER = (
+    asset_keys.RAW_DOCUMENTS,
+    asset_keys.CLEAN_DOCUMENTS,
+    asset_keys.BPE_TOKENIZER,
+    asset_keys.TOKENIZED_DOCUMENTS,
+    asset_keys.DATASET_MANIFEST,
+    asset_keys.MODEL_CHECKPOINT,
+    "benchmark_report",
+    asset_keys.SERVING_BUNDLE,
+)
+PARTITION_LIKE = re.compile(r"\d{1,4}-\d{1,2}-\d{1,2}")
+
+Key = tuple[str, str]  # (kind, id)
+
+
+@dataclass
+class StoreIndex:
+    """Every manifest in the store, read once, with the reverse edges of their `inputs`."""
+
+    manifests: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    paths: dict[Key, Path] = field(default_factory=dict)
+    dependants: dict[Key, list[Key]] = field(default_factory=dict)
+    current: set[Key] = field(default_factory=set)  # what the refs point at
+    unreadable: list[str] = field(default_factory=list)  # manifests and refs that could not be read
+
+    def downstream(self, seeds: set[Key]) -> set[Key]:
+        """The seeds and everything built from them, directly or not."""
+        found = set(seeds)
+        frontier = list(seeds)
+        while frontier:
+            key = frontier.pop()
+            for dependant in self.dependants.get(key, ()):
+                if dependant not in found:
+                    found.add(dependant)
+                    frontier.append(dependant)
+        return found
+
+
+def _read_json(path: Path, index: StoreIndex) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        index.unreadable.append(f"{path}: {exc}")
+        return None
+
+
+def index_store(store: ArtifactStore) -> StoreIndex:
+    """One pass over every artifact's manifest and every ref (no manifest read twice)."""
+    index = StoreIndex()
+    for kind_dir in sorted(store.root.iterdir()) if store.root.is_dir() else []:
+        if not is_valid_name(kind_dir.name) or not kind_dir.is_dir():
+            continue
+        for artifact_dir in sorted(kind_dir.iterdir()):
+            # Moved-aside and in-progress directories start with "." and are not valid names.
+            manifest_path = artifact_dir / MANIFEST
+            if not is_valid_name(artifact_dir.name) or not manifest_path.is_file():
+                continue
+            manifest = _read_json(manifest_path, index)
+            if manifest is None:
+                continue
+            if not isinstance(manifest, dict):
+                index.unreadable.append(f"{manifest_path}: not a JSON object")
+                continue
+            key = (kind_dir.name, artifact_dir.name)
+            index.manifests[key] = manifest
+            index.paths[key] = artifact_dir
+            inputs = manifest.get("inputs")
+            for item in inputs if isinstance(inputs, list) else []:
+                if isinstance(item, dict) and isinstance(item.get("kind"), str) and isinstance(item.get("id"), str):
+                    index.dependants.setdefault((item["kind"], item["id"]), []).append(key)
+    for kind_dir in sorted(store.refs.iterdir()) if store.refs.is_dir() else []:
+        if not is_valid_name(kind_dir.name) or not kind_dir.is_dir():
+            continue
+        for ref in sorted(kind_dir.glob("*.json")):
+            if ref.name.startswith("."):  # a ref being replaced
+                continue
+            record = _read_json(ref, index)
+            if isinstance(record, dict) and isinstance(record.get("id"), str):
+                index.current.add((kind_dir.name, record["id"]))
+    return index
+
+
+def _kind_rank(kind: str) -> tuple[int, str]:
+    return (GRAPH_ORDER.index(kind), "") if kind in GRAPH_ORDER else (len(GRAPH_ORDER), kind)
+
+
+def _sequence(event: dict[str, Any]) -> int:
+    value = event.get("sequence")
+    return value if isinstance(value, int) else -1
+
+
+def _affected(store: ArtifactStore, index: StoreIndex, seeds: set[Key]) -> dict[str, Any]:
+    """The artifacts downstream of `seeds` (seeds included) and the production deployments
+    (current or past) of the bundles among them."""
+    keys = index.downstream(seeds) & index.manifests.keys()
+    artifacts = []
+    for kind, artifact_id in sorted(
+        keys, key=lambda k: (_kind_rank(k[0]), index.manifests[k].get("partition") or "", k[1])
+    ):
+        manifest = index.manifests[(kind, artifact_id)]
+        artifacts.append(
+            {
+                "kind": kind,
+                "id": artifact_id,
+                "partition": manifest.get("partition"),
+                "created_at": manifest.get("created_at"),
+                "current": (kind, artifact_id) in index.current,
+                "path": str(index.paths[(kind, artifact_id)]),
+            }
+        )
+    bundles = {artifact_id for kind, artifact_id in keys if kind == asset_keys.SERVING_BUNDLE}
+    state = read_deployment(store.home, PRODUCTION)
+    serving = state.get("bundle_id") if state else None
+    history = read_deployment_history(store.home, PRODUCTION)
+    deployments: list[dict[str, Any]] = []
+    for bundle_id in bundles:
+        events = [e for e in history if bundle_id in (e.get("to"), e.get("from"))]
+        if events or bundle_id == serving:
+            deployments.append({"bundle_id": bundle_id, "serving_now": bundle_id == serving, "events": events})
+
+    # Serving now first, then the most recently deployed (the highest event sequence).
+    deployments.sort(key=lambda d: d["bundle_id"])
+    deployments.sort(key=lambda d: max((_sequence(e) for e in d["events"]), default=-1), reverse=True)
+    deployments.sort(key=lambda d: not d["serving_now"])
+    return {"artifacts": artifacts, "deployments": deployments, "unreadable": index.unreadable}
+
+
+def affected_by_partition(store: ArtifactStore, partition: str) -> dict[str, Any]:
+    """Every artifact of `partition` (of any kind, current or not) and everything built from
+    them, with the production deployments of the bundles among them. A partition that is not
+    a YYYY-MM-DD date is a ValueError; one nothing was built from gives empty lists."""
+    parse_partition(partition)
+    index = index_store(store)
+    seeds = {key for key, manifest in index.manifests.items() if manifest.get("partition") == partition}
+    return {"affected_by": {"partition": partition}, **_affected(store, index, seeds)}
+
+
+def affected_by_file(store: ArtifactStore, path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Every raw_documents snapshot that read the landed file at `path`, and everything built
+    from them. A source matches by its recorded path (compared resolved: links and `..`
+    followed) and, while the file still exists, by its SHA-256 (the same bytes landed anywhere
+    else); `affected_by.matches` says which sources matched and how."""
+    from aieng_core.data.raw_documents import readable  # how raw_documents writes source paths
+
+    given = Path(path).expanduser()
+    if given.is_dir():
+        raise ValueError(f"{given} is a directory: give one landed file, or a partition as YYYY-MM-DD")
+    resolved = given.resolve()
+    wanted = {readable(Path(os.path.abspath(given))), readable(resolved)}
+    exists = resolved.is_file()
+    sha256 = sha256_file(resolved) if exists else None
+    index = index_store(store)
+    matches = []
+    seeds: set[Key] = set()
+    for key, manifest in index.manifests.items():
+        sources = manifest.get("sources") if key[0] == asset_keys.RAW_DOCUMENTS else None
+        for source in sources if isinstance(sources, list) else []:
+            if not isinstance(source, dict):
+                continue
+            recorded = source.get("path")
+            by = []
+            if isinstance(recorded, str) and (recorded in wanted or readable(os.path.realpath(recorded)) in wanted):
+                by.append("path")
+            if sha256 is not None and source.get("sha256") == sha256:
+                by.append("sha256")
+            if by:
+                seeds.add(key)
+                matches.append(
+                    {
+                        "raw_documents": key[1],
+                        "partition": manifest.get("partition"),
+                        "path": recorded,
+                        "size": source.get("size"),
+                        "sha256": source.get("sha256"),
+                        "by": by,
+                    }
+                )
+    matches.sort(key=lambda m: (str(m["partition"]), m["raw_documents"], str(m["path"])))
+    target = {"file": str(resolved), "exists": exists, "sha256": sha256, "matches": matches}
+    return {"affected_by": target, **_affected(store, index, seeds)}
+
+
+def affected_by(store: ArtifactStore, target: str) -> dict[str, Any]:
+    """`affected_by_partition` when `target` looks like a date (then it must be a valid
+    YYYY-MM-DD), else `affected_by_file`."""
+    if PARTITION_LIKE.fullmatch(target):
+        return affected_by_partition(store, target)
+    return affected_by_file(store, target)

@@ -88,7 +88,7 @@ class Server:
     proc: subprocess.Popen
     port: int
     log_path: Path
-    bundle_path: Path
+    bundle_path: Path | None
 
     def call(
         self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None, timeout: float = 120
@@ -167,17 +167,27 @@ def write_config(folder: Path, **serving: Any) -> Path:
     return path
 
 
-def start_server(folder: Path, bundle_path: Path, admin_token: str | None = None, **serving: Any) -> Server:
+def start_server(
+    folder: Path,
+    bundle_path: Path | None,
+    admin_token: str | None = None,
+    home: Path | None = None,
+    wait_for: str = "/health/ready",
+    **serving: Any,
+) -> Server:
+    """`aieng serve --bundle PATH`, or with bundle_path None `aieng serve --deployment current`
+    following the production pointer under `home`."""
     folder.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIENG_")}
-    env.update(AIENG_HOME=str(folder / "home"), AIENG_CONFIG=str(write_config(folder, **serving)))
+    env.update(AIENG_HOME=str(home or folder / "home"), AIENG_CONFIG=str(write_config(folder, **serving)))
     if admin_token is not None:
         env["AIENG_ADMIN_TOKEN"] = admin_token
     port = free_port()
     log_path = folder / "server.log"
+    serving_what = ["--bundle", str(bundle_path)] if bundle_path is not None else ["--deployment", "current"]
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(
-            [AIENG, "serve", "--bundle", str(bundle_path), "--port", str(port)],
+            [AIENG, "serve", *serving_what, "--port", str(port)],
             cwd=REPO_ROOT,
             env=env,
             stdout=log_file,
@@ -189,12 +199,12 @@ def start_server(folder: Path, bundle_path: Path, admin_token: str | None = None
         if proc.poll() is not None:
             raise AssertionError(f"the server exited with {proc.returncode}:\n{server.log_tail()}")
         try:
-            return server.get("/health/ready").status == 200
+            return server.get(wait_for).status == 200
         except OSError:
             return False
 
     try:
-        poll(ready, READY_TIMEOUT_S, "/health/ready")
+        poll(ready, READY_TIMEOUT_S, wait_for)
     except BaseException:
         server.stop()
         raise
@@ -642,3 +652,95 @@ def test_a_bundle_that_cannot_be_served_exits_1(tmp_path: Path) -> None:
     lines = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
     (error,) = [line for line in lines if line["message"].startswith("exiting: the bundle could not be served")]
     assert "manifest.json: missing" in error["message"] and "Traceback" not in result.stderr
+
+
+def deploy(home: Path, *arguments: str) -> dict[str, Any]:
+    """`aieng deploy ...  --json` against `home`, as an operator runs it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIENG_")}
+    env.update(AIENG_HOME=str(home), AIENG_CONFIG=str(TINY_CONFIG))
+    result = subprocess.run(
+        [AIENG, "deploy", *arguments, "--json"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+def test_serve_deployment_current_follows_promote_and_rollback_without_failing_a_request(
+    tmp_path: Path, serving_bundle_artifact, second_bundle
+) -> None:
+    first_id, second_id = serving_bundle_artifact.bundle.id, second_bundle.id
+    home = tmp_path / "home"
+    shutil.copytree(second_bundle.path.parents[2], home)  # the store holding both bundles
+    server = start_server(
+        tmp_path / "server", None, admin_token=ADMIN_TOKEN, home=home, wait_for="/health/live", **BIG_QUEUE
+    )
+    try:
+
+        def serving(bundle_id: str | None) -> Callable[[], bool]:
+            def check() -> bool:
+                ready = server.get("/health/ready")
+                if bundle_id is None:
+                    return ready.status == 503 and ready.error["code"] == "no_deployment"
+                return ready.status == 200 and ready.json["bundle_id"] == bundle_id
+
+            return check
+
+        # Nothing deployed yet: live, not ready (after loading the engine's code, "loading"),
+        # and generation is refused saying why.
+        poll(serving(None), 60, "readiness to say nothing is deployed")
+        refused = server.post("/generate", {"prompt": "x", "max_new_tokens": 2})
+        assert refused.status == 503 and "aieng deploy promote" in refused.error["message"]
+
+        deploy(home, "promote", first_id, "--reason", "first")
+        poll(serving(first_id), 60, f"the server to pick up {first_id}")
+        version = server.get("/version").json
+        assert version["deployment"] == {"pointer": "production", "bundle_id": first_id, "sequence": 1}
+        # The admin API cannot fight the pointer.
+        reload = server.post(
+            "/admin/reload", {"bundle": str(second_bundle.path)}, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        )
+        assert reload.status == 409 and reload.error["code"] == "follows_deployment"
+
+        # Promote and roll back under steady traffic: every request answered 200.
+        stop = threading.Event()
+
+        def traffic(tag: str) -> list[Reply]:
+            replies = []
+            while not stop.is_set():
+                replies.append(server.post("/generate", {"prompt": f"{tag} {len(replies)}", "max_new_tokens": 8}))
+            return replies
+
+        with ThreadPoolExecutor(2) as pool:
+            clients = [pool.submit(traffic, tag) for tag in ("a", "b")]
+            try:
+                for action, expected in (("promote", second_id), ("rollback", first_id), ("promote", second_id)):
+                    arguments = ("promote", second_id) if action == "promote" else ("rollback",)
+                    deploy(home, *arguments, "--reason", f"drill {action}")
+                    poll(serving(expected), 60, f"the server to pick up {expected}")
+            finally:
+                stop.set()
+            replies = [reply for client in clients for reply in client.result(timeout=120)]
+        assert replies and all(r.status == 200 for r in replies), [r.body for r in replies if r.status != 200]
+        print(f"requests during the switches: {len(replies)}")
+        status = deploy(home, "status")
+        assert status["current"]["bundle_id"] == second_id
+        assert [e["action"] for e in status["history"]] == ["promote", "promote", "rollback", "promote"]
+        following = [ln for ln in server.log_lines() if ln["message"].startswith("following the production pointer")]
+        assert len(following) == 4  # the first promote, then the three switches
+        # From the pointer's switch (its history time) to the new bundle serving (the log line
+        # written once it is loaded, verified and warm).
+        switch_to_served = [
+            (dt.datetime.fromisoformat(line["timestamp"]) - dt.datetime.fromisoformat(event["time"])).total_seconds()
+            for line, event in zip(following, status["history"], strict=True)
+        ]
+        print(f"pointer switch to serving the new bundle (s): {[round(x, 2) for x in switch_to_served]}")
+        assert all(0 < seconds < 10 for seconds in switch_to_served), switch_to_served
+        assert server.get("/version").json["deployment"]["sequence"] == 4
+    finally:
+        assert server.stop() == 0, server.log_tail()

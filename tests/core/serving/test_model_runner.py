@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from aieng_core.model.llama import LlamaConfig, LlamaForCausalLM
+from aieng_core.model.llama import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    apply_rotary,
+    apply_rotary_signed,
+    decode_attention,
+    rotary_tables,
+    signed_sin,
+)
 from aieng_core.serving.kv_cache import KVCachePool
 from aieng_core.serving.model_runner import ModelRunner
 from aieng_core.serving.request import Request, SamplingParams, StepPlan
@@ -96,3 +105,54 @@ def test_run_turns_a_step_plan_into_one_sampled_token_per_request_in_plan_order(
     for request, token in zip([*second, *first], result.tokens, strict=True):
         reference, _ = model(torch.tensor([request.prompt_ids + request.output_ids]))
         assert token == int(reference[0, -1].argmax())
+
+
+def test_signed_rotary_equals_the_reference_rotary_exactly() -> None:
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 6, CONFIG.head_dim, generator=generator)
+    cos, sin = rotary_tables(CONFIG, torch.tensor([0, 3, 17, 40, 47]), torch.float32)
+    cos, sin = cos[:, None], sin[:, None]
+    # x * cos + rotate_half(x) * sin, one fused multiply-add apart at most.
+    torch.testing.assert_close(
+        apply_rotary_signed(x, cos, signed_sin(sin)), apply_rotary(x, cos, sin), rtol=0, atol=1e-6
+    )
+    # Position 0 (cos 1, sin 0) leaves x unchanged; a quarter turn (cos 0, sin 1) is rotate_half exactly.
+    assert torch.equal(apply_rotary_signed(x, torch.ones_like(cos), signed_sin(torch.zeros_like(sin))), x)
+    half = CONFIG.head_dim // 2
+    quarter = apply_rotary_signed(x, torch.zeros_like(cos), signed_sin(torch.ones_like(sin)))
+    assert torch.equal(quarter, torch.cat((-x[..., half:], x[..., :half]), dim=-1))
+
+
+def test_decode_attention_equals_masked_scaled_dot_product_attention_with_grouped_heads() -> None:
+    generator = torch.Generator().manual_seed(4)
+    batch, heads, kv_heads, length, head_dim = 3, 8, 2, 9, 16
+    q = torch.randn(batch, heads, head_dim, generator=generator)
+    keys = torch.randn(batch, kv_heads, length, head_dim, generator=generator)
+    values = torch.randn(batch, kv_heads, length, head_dim, generator=generator)
+    lengths = torch.tensor([9, 1, 5])
+    sees = torch.arange(length)[None, :] < lengths[:, None]
+    bias = torch.zeros(batch, length).masked_fill(~sees, float("-inf"))
+    grouped_bias = bias[:, None, None].expand(batch, kv_heads, heads // kv_heads, length).flatten(0, 1)
+    ours = decode_attention(q, keys, values, grouped_bias)
+    reference = F.scaled_dot_product_attention(
+        q[:, :, None], keys, values, attn_mask=sees[:, None, None, :], enable_gqa=True
+    )
+    torch.testing.assert_close(ours, reference.reshape(batch, heads * head_dim), rtol=1e-5, atol=1e-6)
+    # Row 1 sees only position 0: its output is exactly that position's values, per kv head.
+    expected = values[1, :, 0].repeat_interleave(heads // kv_heads, dim=0).reshape(-1)
+    torch.testing.assert_close(ours[1], expected, rtol=0, atol=1e-6)
+
+
+def test_the_runner_lays_weights_out_column_major_in_place_without_changing_a_value() -> None:
+    model = _model()
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    linear_weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    runner = ModelRunner(model, KVCachePool.for_model(CONFIG, max_batch=1, max_context=48))
+    assert runner.model is model
+    for weight in linear_weights:
+        assert weight.t().is_contiguous() and not weight.is_contiguous()
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # still tied
+    after = model.state_dict()
+    assert before.keys() == after.keys()
+    for name, tensor in before.items():
+        assert torch.equal(after[name], tensor), name

@@ -1,0 +1,327 @@
+"""Lineage lookups for incidents: the whole chain of an artifact, the deployment state files,
+and everything downstream of a partition or a landed file (aieng_core/store/lineage.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aieng_core import asset_keys
+from aieng_core.data.clean_documents import build_clean_documents
+from aieng_core.data.raw_documents import build_raw_documents
+from aieng_core.hashing import sha256_file
+from aieng_core.store import Artifact, ArtifactNotFound, ArtifactStore
+from aieng_core.store.lineage import (
+    DeploymentStateError,
+    NothingDeployed,
+    affected_by,
+    affected_by_file,
+    affected_by_partition,
+    deployed_bundle,
+    git_state,
+    index_store,
+    lineage_graph,
+    read_deployment_history,
+    upstream,
+)
+from tests.bundle_fixtures import BundledHome
+from tests.conftest import DEMO_PARTITIONS, land
+from tests.core.helpers import jsonl, sentences
+
+NODE_KEYS = ("kind", "id", "code_version", "config_sha256", "git_commit", "dagster_run_id", "created_at", "path")
+UNRELATED_BUNDLE = "0123456789abcdef"  # deployed once, never in the store
+
+
+# ---- helpers shared with test_lineage_cli.py ---------------------------------------------------
+
+
+def event(sequence: int, action: str, source: str | None, target: str | None, pointer: str = "production") -> dict:
+    return {
+        "sequence": sequence,
+        "time": f"2026-02-{sequence:02d}T10:00:00+00:00",
+        "pointer": pointer,
+        "action": action,
+        "from": source,
+        "to": target,
+        "actor": "alice",
+        "reason": f"change {sequence}",
+        "figures": {"p50_ms": 10 + sequence},
+        "dagster_run_id": f"run-{sequence}",
+    }
+
+
+def write_deployment(store: ArtifactStore, bundle_id: str | None, events: list[dict], pointer: str = "production"):
+    """Deployment state in its documented on-disk format, as aieng_core.deploy writes it."""
+    folder = store.home / "deployments" / pointer
+    folder.mkdir(parents=True, exist_ok=True)
+    current = {
+        "pointer": pointer,
+        "bundle_id": bundle_id,
+        "bundle_path": str(store.artifact_dir(asset_keys.SERVING_BUNDLE, bundle_id)) if bundle_id else None,
+        "sequence": len(events),
+        "updated_at": events[-1]["time"] if events else "2026-02-01T00:00:00+00:00",
+        "stack": [e["from"] for e in events if e["from"]],
+    }
+    (folder / "current.json").write_text(json.dumps(current), encoding="utf-8")
+    (folder / "history.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events), encoding="utf-8")
+
+
+def second_bundle(store: ArtifactStore, bundle: Artifact) -> str:
+    """Another serving_bundle of the same model (a manifest only: lineage never reads files)."""
+    other_id = "fedcba9876543210"
+    folder = store.artifact_dir(asset_keys.SERVING_BUNDLE, other_id)
+    folder.mkdir()
+    manifest = {**bundle.manifest, "id": other_id, "created_at": "2026-02-02T00:00:00+00:00"}
+    (folder / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    return other_id
+
+
+def deploy_history(store: ArtifactStore, bundle: Artifact) -> tuple[str, list[dict]]:
+    """Production served an unrelated bundle, then `bundle`, then a second bundle of the same
+    model (serving now); the rollback drill's pointer served `bundle` too."""
+    newer = second_bundle(store, bundle)
+    events = [
+        event(1, "promote", None, UNRELATED_BUNDLE),
+        event(2, "promote", UNRELATED_BUNDLE, bundle.id),
+        event(3, "promote", bundle.id, newer),
+    ]
+    write_deployment(store, newer, events)
+    write_deployment(store, bundle.id, [event(1, "promote", None, bundle.id, pointer="drill")], pointer="drill")
+    return newer, events
+
+
+def all_artifacts(store: ArtifactStore) -> list[Artifact]:
+    return [
+        store.get(kind_dir.name, artifact_id)
+        for kind_dir in sorted(store.root.iterdir())
+        for artifact_id in store.list_ids(kind_dir.name)
+    ]
+
+
+def expected_downstream(store: ArtifactStore, seeds: set[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Independently of the reverse index: each artifact whose own upstream walk meets a seed."""
+    return {
+        (a.kind, a.id)
+        for a in all_artifacts(store)
+        if (a.kind, a.id) in seeds or seeds & {(u.kind, u.id) for u in upstream(store, a)}
+    }
+
+
+def keys(result: dict[str, Any]) -> set[tuple[str, str]]:
+    return {(a["kind"], a["id"]) for a in result["artifacts"]}
+
+
+# ---- the chain ------------------------------------------------------------------------------------
+
+
+def test_git_state_reads_the_dirty_suffix_provenance_writes() -> None:
+    assert git_state("49ba72001122334455667788990011aabbccddee") == ("49ba72001122334455667788990011aabbccddee", False)
+    assert git_state("49ba7200-dirty") == ("49ba7200", True)
+    assert git_state(None) == (None, None)
+    assert git_state("") == (None, None)
+
+
+def test_graph_is_the_root_and_its_upstream_with_paths(serving_bundle_artifact: BundledHome) -> None:
+    store, bundle = serving_bundle_artifact.store, serving_bundle_artifact.bundle
+    graph = lineage_graph(store, bundle)
+    chain = upstream(store, bundle)
+    assert graph["root"] == bundle.id
+    assert len(graph["nodes"]) == 1 + len(chain) == 13
+    for artifact in [bundle, *chain]:
+        assert graph["nodes"][artifact.id] == {**artifact.manifest, "path": str(artifact.path)}
+    for node in graph["nodes"].values():
+        assert set(NODE_KEYS) <= node.keys(), node["id"]
+
+
+# ---- deployment state -----------------------------------------------------------------------------
+
+
+def test_deployed_bundle_follows_the_production_pointer(
+    serving_bundle_artifact: BundledHome, copy_bundled_home
+) -> None:
+    store = copy_bundled_home(serving_bundle_artifact)
+    bundle = serving_bundle_artifact.bundle
+    with pytest.raises(NothingDeployed, match="does not exist.*aieng deploy promote BUNDLE_ID"):
+        deployed_bundle(store)
+    newer, events = deploy_history(store, bundle)
+    found, state = deployed_bundle(store)
+    assert (found.kind, found.id) == (asset_keys.SERVING_BUNDLE, newer)
+    assert state["sequence"] == 3 and state["events"] == [events[2]]  # the event that put it there
+    write_deployment(store, None, [*events, event(4, "rollback", newer, None)])
+    with pytest.raises(NothingDeployed, match="names no bundle"):
+        deployed_bundle(store)
+    write_deployment(store, "aaaabbbbccccdddd", events)
+    with pytest.raises(ArtifactNotFound, match="production deployment points at serving_bundle 'aaaabbbbccccdddd'"):
+        deployed_bundle(store)
+
+
+def test_history_skips_a_torn_last_line_and_names_a_bad_one(tmp_path: Path) -> None:
+    folder = tmp_path / "deployments" / "production"
+    folder.mkdir(parents=True)
+    history = folder / "history.jsonl"
+    history.write_text(json.dumps(event(1, "promote", None, "a")) + "\n" + '{"sequence": 2, "ti', encoding="utf-8")
+    assert [e["sequence"] for e in read_deployment_history(tmp_path)] == [1]
+    history.write_text("\n".join(["[1]", json.dumps(event(2, "promote", None, "a"))]) + "\n", encoding="utf-8")
+    with pytest.raises(DeploymentStateError, match=r"history.jsonl:1: not a JSON object"):
+        read_deployment_history(tmp_path)
+    (folder / "current.json").write_text("{", encoding="utf-8")
+    with pytest.raises(DeploymentStateError, match="current.json: unreadable deployment state"):
+        deployed_bundle(ArtifactStore(tmp_path))
+
+
+# ---- downstream ---------------------------------------------------------------------------------
+
+
+def test_the_index_reads_every_manifest_once_and_knows_the_current_refs(serving_bundle_artifact: BundledHome) -> None:
+    store = serving_bundle_artifact.store
+    index = index_store(store)
+    everything = all_artifacts(store)
+    assert index.manifests == {(a.kind, a.id): a.manifest for a in everything}
+    assert index.unreadable == []
+    clean = store.require_current(asset_keys.CLEAN_DOCUMENTS, "2026-01-02")
+    assert sorted(index.dependants[(clean.kind, clean.id)]) == sorted(
+        (a.kind, a.id) for a in everything if {"kind": clean.kind, "id": clean.id} in a.manifest.get("inputs", [])
+    )
+    assert (asset_keys.SERVING_BUNDLE, serving_bundle_artifact.bundle.id) in index.current
+
+
+def test_affected_by_a_partition_is_everything_built_from_it(
+    serving_bundle_artifact: BundledHome, copy_bundled_home
+) -> None:
+    store = copy_bundled_home(serving_bundle_artifact)
+    bundle = serving_bundle_artifact.bundle
+    newer, events = deploy_history(store, bundle)
+    partition = "2026-01-02"
+    result = affected_by(store, partition)
+    assert result["affected_by"] == {"partition": partition}
+
+    seeds = {(a.kind, a.id) for a in all_artifacts(store) if a.manifest.get("partition") == partition}
+    assert {kind for kind, _ in seeds} == {
+        asset_keys.RAW_DOCUMENTS,
+        asset_keys.CLEAN_DOCUMENTS,
+        asset_keys.TOKENIZED_DOCUMENTS,
+    }
+    assert keys(result) == expected_downstream(store, seeds)
+    # The tokenizer is trained on every partition's clean text, so it, and with it every
+    # tokenized partition, is downstream of any one partition.
+    kinds = sorted(a["kind"] for a in result["artifacts"])
+    assert kinds == sorted(
+        [asset_keys.RAW_DOCUMENTS, asset_keys.CLEAN_DOCUMENTS, asset_keys.BPE_TOKENIZER]
+        + [asset_keys.TOKENIZED_DOCUMENTS] * 3
+        + [asset_keys.DATASET_MANIFEST, asset_keys.MODEL_CHECKPOINT]
+        + [asset_keys.SERVING_BUNDLE] * 2
+    )
+    assert [a["partition"] for a in result["artifacts"] if a["kind"] == asset_keys.RAW_DOCUMENTS] == [partition]
+    current = {(a["kind"], a["id"]): a["current"] for a in result["artifacts"]}
+    assert current[(asset_keys.SERVING_BUNDLE, bundle.id)] is True
+    assert current[(asset_keys.SERVING_BUNDLE, newer)] is False  # no ref points at the hand-made one
+    assert all(a["created_at"] for a in result["artifacts"])
+
+    # Production only (the drill's pointer also served `bundle`), serving now first.
+    assert result["deployments"] == [
+        {"bundle_id": newer, "serving_now": True, "events": [events[2]]},
+        {"bundle_id": bundle.id, "serving_now": False, "events": [events[1], events[2]]},
+    ]
+
+
+def test_a_partition_no_bundle_used_and_one_nothing_used(
+    serving_bundle_artifact: BundledHome, copy_bundled_home
+) -> None:
+    store = copy_bundled_home(serving_bundle_artifact)
+    deploy_history(store, serving_bundle_artifact.bundle)
+    land(
+        store.home, "2026-01-04", "late.jsonl", jsonl(*({"id": f"l{i}", "text": t} for i, t in enumerate(sentences(8))))
+    )
+    raw = build_raw_documents(store, serving_bundle_artifact.config, "2026-01-04")
+    clean = build_clean_documents(store, serving_bundle_artifact.config, "2026-01-04")
+    result = affected_by_partition(store, "2026-01-04")
+    assert [(a["kind"], a["id"], a["current"]) for a in result["artifacts"]] == [
+        (raw.kind, raw.id, True),
+        (clean.kind, clean.id, True),
+    ]
+    assert result["deployments"] == []
+
+    nothing = affected_by_partition(store, "2026-03-01")
+    assert nothing == {"affected_by": {"partition": "2026-03-01"}, "artifacts": [], "deployments": [], "unreadable": []}
+    for bad in ("2026-02-30", "2026-1-02"):
+        with pytest.raises(ValueError, match="not a date in YYYY-MM-DD form"):
+            affected_by(store, bad)
+
+
+def test_affected_by_a_landed_file_matches_its_path_and_its_bytes(
+    serving_bundle_artifact: BundledHome, copy_bundled_home
+) -> None:
+    store = copy_bundled_home(serving_bundle_artifact)
+    deploy_history(store, serving_bundle_artifact.bundle)
+    raw = store.require_current(asset_keys.RAW_DOCUMENTS, "2026-01-02")
+    source = raw.manifest["sources"][0]
+    # Where it landed (the session home: the copy's manifests record that path) ...
+    original = Path(source["path"])
+    assert original.is_absolute() and original.is_file()
+    by_path = affected_by_file(store, original)
+    assert by_path["affected_by"]["matches"] == [
+        {
+            "raw_documents": raw.id,
+            "partition": "2026-01-02",
+            "path": source["path"],
+            "size": source["size"],
+            "sha256": source["sha256"],
+            "by": ["path", "sha256"],
+        }
+    ]
+    assert by_path["affected_by"]["sha256"] == sha256_file(original)
+    assert keys(by_path) == expected_downstream(store, {(raw.kind, raw.id)})
+    assert [d["serving_now"] for d in by_path["deployments"]] == [True, False]
+    # ... the same bytes landed elsewhere (this copy's landing folder), through a `..` ...
+    copied = store.home / "raw" / "2026-01-02" / original.name
+    roundabout = store.home / "raw" / "2026-01-01" / ".." / "2026-01-02" / original.name
+    by_bytes = affected_by(store, str(roundabout))
+    assert by_bytes["affected_by"]["file"] == str(copied.resolve())
+    assert [m["by"] for m in by_bytes["affected_by"]["matches"]] == [["sha256"]]
+    assert keys(by_bytes) == keys(by_path)
+    # ... and a file nothing recorded.
+    stray = store.home / "stray.jsonl"
+    stray.write_bytes(b'{"id": "x", "text": "never landed in any partition"}\n')
+    nothing = affected_by_file(store, stray)
+    assert nothing["affected_by"]["matches"] == [] and nothing["artifacts"] == [] and nothing["deployments"] == []
+    with pytest.raises(ValueError, match="is a directory"):
+        affected_by_file(store, store.home / "raw" / "2026-01-02")
+
+
+def test_a_landed_file_since_deleted_still_matches_by_its_recorded_path(
+    serving_bundle_artifact: BundledHome, copy_bundled_home
+) -> None:
+    store = copy_bundled_home(serving_bundle_artifact)
+    landed = land(
+        store.home,
+        "2026-01-04",
+        "gone.jsonl",
+        jsonl(*({"id": f"g{i}", "text": t} for i, t in enumerate(sentences(6, seed=3)))),
+    )
+    raw = build_raw_documents(store, serving_bundle_artifact.config, "2026-01-04")
+    landed.unlink()
+    result = affected_by_file(store, landed)
+    assert result["affected_by"]["exists"] is False and result["affected_by"]["sha256"] is None
+    assert [(m["raw_documents"], m["by"]) for m in result["affected_by"]["matches"]] == [(raw.id, ["path"])]
+    assert keys(result) == {(raw.kind, raw.id)}
+
+
+def test_an_unreadable_manifest_is_reported_not_skipped_silently(
+    serving_bundle_artifact: BundledHome, copy_bundled_home
+) -> None:
+    store = copy_bundled_home(serving_bundle_artifact)
+    model = store.require_current(asset_keys.MODEL_CHECKPOINT)
+    (model.path / "manifest.json").write_text("{not json", encoding="utf-8")
+    result = affected_by_partition(store, DEMO_PARTITIONS[0])
+    assert len(result["unreadable"]) == 1 and str(model.path / "manifest.json") in result["unreadable"][0]
+    # The model is unreadable, so the walk stops there: the bundle built from it is not found.
+    assert {a["kind"] for a in result["artifacts"]} == {
+        asset_keys.RAW_DOCUMENTS,
+        asset_keys.CLEAN_DOCUMENTS,
+        asset_keys.BPE_TOKENIZER,
+        asset_keys.TOKENIZED_DOCUMENTS,
+        asset_keys.DATASET_MANIFEST,
+    }
