@@ -8,26 +8,18 @@ import json
 import logging
 import shlex
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from aieng_core.config import ConfigError, load_config
 from aieng_core.deploy.cli import add_deploy_parser
 from aieng_core.home import raw_partition_dir, resolve_home
+from aieng_core.output import emit
 from aieng_core.store import ArtifactIntegrityError, ArtifactNotFound, ArtifactStore
 from aieng_core.store.lineage_cli import add_lineage_parser
 
 # Errors a user can act on: printed as one line, never as a traceback.
 USER_ERRORS = (ConfigError, ArtifactNotFound, ArtifactIntegrityError, FileNotFoundError, FileExistsError, ValueError)
-
-
-def _emit(value: Any, as_json: bool, human: Callable[[Any], str]) -> None:
-    if as_json:
-        json.dump(value, sys.stdout, indent=2, sort_keys=True, ensure_ascii=False)
-        sys.stdout.write("\n")
-    else:
-        print(human(value))
 
 
 def cmd_demo_data(args: argparse.Namespace) -> int:
@@ -42,7 +34,7 @@ def cmd_demo_data(args: argparse.Namespace) -> int:
     written = land_demo_data(home, start_date=start, days=args.days, overwrite=args.overwrite)
     days = sorted({path.parent.name for path in written})
     result = {"home": str(home), "partitions": days, "files": [str(path) for path in written]}
-    _emit(
+    emit(
         result,
         args.json,
         lambda r: "\n".join(
@@ -58,14 +50,14 @@ def cmd_data_report(args: argparse.Namespace) -> int:
     from aieng_core.data.report import format_report, partition_report
 
     report = partition_report(ArtifactStore(resolve_home(args.home)), args.partition)
-    _emit(report, args.json, format_report)
+    emit(report, args.json, format_report)
     return 0
 
 
 def cmd_data_status(args: argparse.Namespace) -> int:
     from aieng_core.status import format_status, pipeline_status
 
-    _emit(pipeline_status(ArtifactStore(resolve_home(args.home))), args.json, format_status)
+    emit(pipeline_status(ArtifactStore(resolve_home(args.home))), args.json, format_status)
     return 0
 
 
@@ -86,7 +78,7 @@ def cmd_model_train(args: argparse.Namespace) -> int:
 
         artifact = build_model_checkpoint(ArtifactStore(resolve_home(args.home)), config, on_step=on_step)
     result = {"id": artifact.id, "reused": artifact.reused, "path": str(artifact.path), "metrics": artifact.metrics}
-    _emit(
+    emit(
         result,
         args.json,
         lambda r: (
@@ -106,7 +98,7 @@ def cmd_bundle_build(args: argparse.Namespace) -> int:
 
     artifact = build_serving_bundle(ArtifactStore(resolve_home(args.home)), load_config(args.config))
     result = {"id": artifact.id, "reused": artifact.reused, "path": str(artifact.path), "metrics": artifact.metrics}
-    _emit(
+    emit(
         result,
         args.json,
         lambda r: (
@@ -132,7 +124,7 @@ def cmd_bundle_verify(args: argparse.Namespace) -> int:
     from aieng_core.bundle.verify import verify_bundle
 
     report = verify_bundle(Path(args.path))
-    _emit(report, args.json, _format_verify)
+    emit(report, args.json, _format_verify)
     if not report["ok"]:
         # One line naming the first file or prompt that differs; --json has them all.
         print(f"aieng: error: {report['problems'][0]}", file=sys.stderr)
@@ -166,7 +158,7 @@ def cmd_bundle_current(args: argparse.Namespace) -> int:
             f"curl -s http://127.0.0.1:8000/generate -H 'Content-Type: application/json' -d {shlex.quote(body)}"
         ),
     }
-    _emit(
+    emit(
         result,
         args.json,
         lambda r: (
@@ -194,7 +186,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.suite == "serving":
         from aieng_core.bench.serving_bench import format_serving_results, run_serving_bench
 
-        _emit(
+        emit(
             run_serving_bench(out=args.out, config=args.config, quick=args.quick, rounds=args.rounds),
             args.json,
             format_serving_results,
@@ -203,7 +195,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.suite == "model":
         from aieng_core.bench.model_bench import format_model_results, run_model_bench
 
-        _emit(
+        emit(
             run_model_bench(steps=args.steps, rounds=args.rounds, out=args.out, config=args.config),
             args.json,
             format_model_results,
@@ -213,7 +205,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ValueError(f"benchmark suite {args.suite!r} is not available; choose 'data', 'model' or 'serving'")
     from aieng_core.bench.data_bench import format_results, run_data_bench
 
-    _emit(
+    emit(
         run_data_bench(
             size_mb=args.size_mb, large_mb=args.large_mb, cli_mb=args.cli_mb, out=args.out, config=args.config
         ),

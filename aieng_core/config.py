@@ -187,6 +187,70 @@ class ServingConfig(_Section):
         return self
 
 
+class BenchmarkConfig(_Section):
+    """benchmark_report: a model's quality, speed and memory through our engine, with
+    transformers `generate` measured beside it in the same run."""
+
+    # Throughput: this many sequences decoded together, each prompt_tokens long, new_tokens generated.
+    batch_sizes: tuple[int, ...] = Field(default=(1, 16, 64), strict=False, min_length=1)
+    prompt_tokens: int = Field(default=16, ge=1)
+    new_tokens: int = Field(default=32, ge=2)
+    # Latency: this many requests kept in flight at once (closed loop), requests_per_level each.
+    concurrencies: tuple[int, ...] = Field(default=(1, 4, 16), strict=False, min_length=1)
+    requests_per_level: int = Field(default=32, ge=1)
+    compare_transformers: bool = True
+    # The whole report stops (and says so) rather than run longer than this.
+    max_seconds: float = Field(default=300.0, gt=0, strict=False)
+    threads: int = Field(default=0, ge=0)  # 0: torch's default
+
+    @field_validator("batch_sizes", "concurrencies")
+    @classmethod
+    def _positive(cls, values: tuple[int, ...]) -> tuple[int, ...]:
+        if any(value < 1 for value in values):
+            raise ValueError("every value must be at least 1")
+        return values
+
+
+class GateConfig(_Section):
+    """production_deployment: the promotion gate's stress test, SLOs, rollback drill, and the
+    retrain schedule that feeds it."""
+
+    # Closed-loop stress: this many clients each; open loop: Poisson arrivals at these rates (req/s).
+    concurrencies: tuple[int, ...] = Field(default=(1, 8, 32), strict=False, min_length=1)
+    poisson_rates: tuple[float, ...] = Field(default=(4.0, 16.0), strict=False)
+    requests_per_level: int = Field(default=64, ge=1)
+    max_new_tokens: tuple[int, ...] = Field(default=(16, 32, 64), strict=False, min_length=1)  # cycled
+    max_seconds_per_level: float = Field(default=120.0, gt=0, strict=False)
+    # SLOs: P99 time to first token and end-to-end latency; a request is "good" (goodput) when
+    # its TTFT and TPOT are within slo_ttft_ms and slo_tpot_ms.
+    slo_ttft_p99_ms: float = Field(default=2000.0, gt=0, strict=False)
+    slo_e2el_p99_ms: float = Field(default=10000.0, gt=0, strict=False)
+    slo_ttft_ms: float = Field(default=1000.0, gt=0, strict=False)
+    slo_tpot_ms: float = Field(default=100.0, gt=0, strict=False)
+    # Fraction of requests that must be good, at every load level.
+    goodput_floor: float = Field(default=0.9, ge=0.0, le=1.0, strict=False)
+    # Candidate vs the deployed bundle's gate figures: at most this much worse.
+    max_regression: float = Field(default=0.10, ge=0.0, strict=False)
+    # Rollback drill: clients sending light traffic while the drill pointer switches.
+    drill_clients: int = Field(default=2, ge=1)
+    # Retrain schedule (cron, UTC): dataset_manifest -> model -> benchmark -> bundle.
+    retrain_cron: str = Field(default="0 3 * * 1", min_length=9)
+
+    @field_validator("concurrencies")
+    @classmethod
+    def _positive(cls, values: tuple[int, ...]) -> tuple[int, ...]:
+        if any(value < 1 for value in values):
+            raise ValueError("every value must be at least 1")
+        return values
+
+    @field_validator("poisson_rates")
+    @classmethod
+    def _positive_rates(cls, values: tuple[float, ...]) -> tuple[float, ...]:
+        if any(value <= 0 for value in values):
+            raise ValueError("every rate must be above 0")
+        return values
+
+
 class AiengConfig(_Section):
     data: DataConfig = DataConfig()
     tokenizer: TokenizerConfig = TokenizerConfig()
@@ -194,6 +258,8 @@ class AiengConfig(_Section):
     model: ModelConfig = ModelConfig()
     training: TrainingConfig = TrainingConfig()
     serving: ServingConfig = ServingConfig()
+    benchmark: BenchmarkConfig = BenchmarkConfig()
+    gate: GateConfig = GateConfig()
 
     @model_validator(mode="after")
     def _context_fits_model(self) -> AiengConfig:

@@ -11,23 +11,14 @@ with nothing on stdout.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from aieng_core.deploy.deployments import DEFAULT_POINTER, Deployments
 from aieng_core.home import resolve_home
+from aieng_core.output import emit
 
 HISTORY_SHOWN = 10
-
-
-def _emit(value: Any, as_json: bool, human: Callable[[Any], str]) -> None:
-    if as_json:
-        json.dump(value, sys.stdout, indent=2, sort_keys=True, ensure_ascii=False)
-        sys.stdout.write("\n")
-    else:
-        print(human(value))
 
 
 def _refused(exc: Exception) -> int:
@@ -94,7 +85,7 @@ def cmd_deploy_status(args: argparse.Namespace) -> int:
         status = _deployments(args).status()
     except ValueError as exc:
         return _refused(exc)
-    _emit(status, args.json, format_status)
+    emit(status, args.json, format_status)
     return 0
 
 
@@ -105,7 +96,7 @@ def cmd_deploy_promote(args: argparse.Namespace) -> int:
         result = {"event": event, **deployments.status()}
     except ValueError as exc:
         return _refused(exc)
-    _emit(result, args.json, _format_change)
+    emit(result, args.json, _format_change)
     return 0
 
 
@@ -116,7 +107,7 @@ def cmd_deploy_rollback(args: argparse.Namespace) -> int:
         result = {"event": event, **deployments.status()}
     except ValueError as exc:
         return _refused(exc)
-    _emit(result, args.json, _format_change)
+    emit(result, args.json, _format_change)
     return 0
 
 

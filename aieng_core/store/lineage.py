@@ -30,7 +30,6 @@ from aieng_core.store.artifacts import (
     ArtifactNotFound,
     ArtifactStore,
     is_valid_name,
-    validate_name,
 )
 
 
@@ -112,91 +111,32 @@ def lineage_graph(store: ArtifactStore, artifact: Artifact) -> dict[str, Any]:
     return {"root": artifact.id, "nodes": nodes}
 
 
-# ---- deployment state (read-only; written by aieng_core.deploy) ------------------------------
-#
-# $AIENG_HOME/deployments/<pointer>/current.json: {"pointer", "bundle_id", "bundle_path",
-# "sequence", "updated_at", "stack"} (absent: nothing deployed), and history.jsonl beside it,
-# one event per line: {"sequence", "time", "pointer", "action", "from", "to", "actor",
-# "reason", "figures", "dagster_run_id"}. Only the production pointer serves; the gate's
-# rollback drill has a pointer of its own.
+# ---- deployment state (written and read by aieng_core.deploy) --------------------------------
+# Only the production pointer serves; the gate's rollback drill has a pointer of its own.
 
 PRODUCTION = "production"
-DEPLOYMENTS_DIR = "deployments"
-CURRENT_FILE = "current.json"
-HISTORY_FILE = "history.jsonl"
-
-
-class DeploymentStateError(ValueError):
-    """A deployment state file exists but cannot be read as the documented format."""
 
 
 class NothingDeployed(ArtifactNotFound):
     """`current` was asked for, and the pointer names no bundle."""
 
 
-def deployment_dir(home: Path, pointer: str = PRODUCTION) -> Path:
-    return Path(home) / DEPLOYMENTS_DIR / validate_name(pointer, "deployment pointer")
+def _deployments(home: Path, pointer: str) -> Any:
+    # Imported here: aieng_core.deploy checks bundles, and the bundle builder uses this module.
+    from aieng_core.deploy.deployments import Deployments
 
-
-def read_deployment(home: Path, pointer: str = PRODUCTION) -> dict[str, Any] | None:
-    """The pointer's current.json as written, or None when there is none (nothing deployed)."""
-    path = deployment_dir(home, pointer) / CURRENT_FILE
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise DeploymentStateError(f"{path}: unreadable deployment state: {exc}") from None
-    if not isinstance(state, dict):
-        raise DeploymentStateError(f"{path}: deployment state is not a JSON object")
-    bundle_id = state.get("bundle_id")
-    if bundle_id is not None and not isinstance(bundle_id, str):
-        raise DeploymentStateError(f"{path}: bundle_id is {bundle_id!r}, not a string or null")
-    return state
-
-
-def read_deployment_history(home: Path, pointer: str = PRODUCTION) -> list[dict[str, Any]]:
-    """The pointer's history.jsonl events, oldest first ([] when there is none). A last line
-    without its newline is an append still in progress and is left out; any other line that
-    is not a JSON object is an error naming it."""
-    path = deployment_dir(home, pointer) / HISTORY_FILE
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return []
-    except (OSError, ValueError) as exc:
-        raise DeploymentStateError(f"{path}: unreadable deployment history: {exc}") from None
-    lines = text.split("\n")
-    complete, last = lines[:-1], lines[-1]  # `last` is "" when the file ends with a newline
-    events: list[dict[str, Any]] = []
-    for number, line in enumerate(complete, start=1):
-        if not line.strip():
-            continue
-        try:
-            event = json.loads(line)
-        except ValueError:
-            event = None
-        if not isinstance(event, dict):
-            raise DeploymentStateError(f"{path}:{number}: not a JSON object")
-        events.append(event)
-    if last.strip():
-        try:
-            event = json.loads(last)
-        except ValueError:
-            event = None  # torn append
-        if isinstance(event, dict):
-            events.append(event)
-    return events
+    return Deployments(home, pointer)
 
 
 def deployed_bundle(store: ArtifactStore, pointer: str = PRODUCTION) -> tuple[Artifact, dict[str, Any]]:
     """The serving bundle `pointer` points at, and its deployment state with `events`: the
     pointer's history events that made it current (`to` is the bundle)."""
-    state = read_deployment(store.home, pointer)
-    if state is None or state.get("bundle_id") is None:
-        where = deployment_dir(store.home, pointer) / CURRENT_FILE
+    deployments = _deployments(store.home, pointer)
+    state = deployments.current()
+    if state["bundle_id"] is None:
         raise NothingDeployed(
-            f"nothing is deployed to {pointer} ({where} {'names no bundle' if state else 'does not exist'}); "
+            f"nothing is deployed to {pointer} "
+            f"({deployments.current_path} {'names no bundle' if state['sequence'] else 'does not exist'}); "
             "deploy one with `aieng deploy promote BUNDLE_ID`, or ask for a given artifact with "
             "`aieng lineage ARTIFACT_ID`"
         )
@@ -205,7 +145,7 @@ def deployed_bundle(store: ArtifactStore, pointer: str = PRODUCTION) -> tuple[Ar
         bundle = store.get(asset_keys.SERVING_BUNDLE, bundle_id)
     except ArtifactNotFound as exc:
         raise ArtifactNotFound(f"the {pointer} deployment points at serving_bundle {bundle_id!r}: {exc}") from None
-    events = [e for e in read_deployment_history(store.home, pointer) if e.get("to") == bundle_id]
+    events = [e for e in deployments.history() if e["to"] == bundle_id]
     return bundle, {**state, "events": events}
 
 
@@ -323,9 +263,9 @@ def _affected(store: ArtifactStore, index: StoreIndex, seeds: set[Key]) -> dict[
             }
         )
     bundles = {artifact_id for kind, artifact_id in keys if kind == asset_keys.SERVING_BUNDLE}
-    state = read_deployment(store.home, PRODUCTION)
-    serving = state.get("bundle_id") if state else None
-    history = read_deployment_history(store.home, PRODUCTION)
+    production = _deployments(store.home, PRODUCTION)
+    serving = production.current()["bundle_id"]
+    history = production.history()
     deployments: list[dict[str, Any]] = []
     for bundle_id in bundles:
         events = [e for e in history if bundle_id in (e.get("to"), e.get("from"))]

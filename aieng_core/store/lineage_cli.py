@@ -11,12 +11,11 @@ ValueError) are raised for it to print as one line.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
 
 from aieng_core import asset_keys
 from aieng_core.home import resolve_home
+from aieng_core.output import emit
 from aieng_core.store.artifacts import ArtifactStore
 from aieng_core.store.lineage import PRODUCTION, affected_by, deployed_bundle, git_state, lineage_graph
 
@@ -38,9 +37,9 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     if args.affected_by is not None:
         if args.target is not None:
             raise ValueError("give either an artifact (or `current`) or --affected-by, not both")
-        _emit(affected_by(store, args.affected_by), args.json, format_affected)
+        emit(affected_by(store, args.affected_by), args.json, format_affected)
     else:
-        _emit(lineage_result(store, args.target or CURRENT), args.json, format_lineage)
+        emit(lineage_result(store, args.target or CURRENT), args.json, format_lineage)
     return 0
 
 
@@ -63,14 +62,6 @@ def add_lineage_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
     )
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     parser.set_defaults(handler=cmd_lineage)
-
-
-def _emit(value: dict[str, Any], as_json: bool, human: Any) -> None:
-    if as_json:
-        json.dump(value, sys.stdout, indent=2, sort_keys=True, ensure_ascii=False)
-        sys.stdout.write("\n")
-    else:
-        print(human(value))
 
 
 # ---- human output ------------------------------------------------------------------------------
