@@ -28,18 +28,21 @@ $(DAGSTER_HOME)/dagster.yaml: configs/dagster.yaml
 	mkdir -p $(DAGSTER_HOME)
 	cp configs/dagster.yaml $@
 
-## run: set up, land demo data, materialize the whole graph (data, model, serving bundle), show what it made
+## run: set up, land demo data, materialize the whole graph (data, model, benchmark, bundle, gate), show what it made
 run: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/aieng demo-data --if-missing
 	$(BIN)/dagster asset materialize -m orchestration.definitions --select '*' --partition-range $(DEMO_RANGE) || { \
 	  echo "make run: materializing the model and bundle once more (a model stopped by training.max_minutes resumes where it stopped; a partial model is never bundled)" >&2; \
 	  $(BIN)/dagster asset materialize -m orchestration.definitions --select 'model_checkpoint*'; }
 	$(BIN)/aieng data status
+	$(BIN)/aieng deploy status
 	$(BIN)/aieng bundle current
 
-## serve: serve the current serving bundle on http://127.0.0.1:8000 (after `make run`; Ctrl-C stops it)
+## serve: serve production (following its pointer) on http://127.0.0.1:8000, else the current bundle (Ctrl-C stops it)
 serve: install
-	bundle="$$($(BIN)/aieng bundle current --path)" && exec $(BIN)/aieng serve --bundle "$$bundle"
+	if $(BIN)/aieng deploy status --json | $(BIN)/python -c 'import json, sys; sys.exit(json.load(sys.stdin)["current"] is None)'; then \
+	  exec $(BIN)/aieng serve --deployment current; \
+	else bundle="$$($(BIN)/aieng bundle current --path)" && exec $(BIN)/aieng serve --bundle "$$bundle"; fi
 
 ## dev: the Dagster UI on http://127.0.0.1:3000 (same AIENG_HOME and DAGSTER_HOME)
 dev: install $(DAGSTER_HOME)/dagster.yaml

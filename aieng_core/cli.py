@@ -13,9 +13,11 @@ from typing import Any
 
 from aieng_core.config import ConfigError, load_config
 from aieng_core.deploy.cli import add_deploy_parser
+from aieng_core.deploy.deployments import DEFAULT_POINTER
 from aieng_core.home import raw_partition_dir, resolve_home
 from aieng_core.output import emit
 from aieng_core.store import ArtifactIntegrityError, ArtifactNotFound, ArtifactStore
+from aieng_core.store.artifacts import validate_name
 from aieng_core.store.lineage_cli import add_lineage_parser
 
 # Errors a user can act on: printed as one line, never as a traceback.
@@ -94,16 +96,22 @@ def cmd_model_train(args: argparse.Namespace) -> int:
 
 
 def cmd_bundle_build(args: argparse.Namespace) -> int:
-    from aieng_core.bundle.serving_bundle import build_serving_bundle
+    from aieng_core.bundle.serving_bundle import build_report_and_bundle
 
-    artifact = build_serving_bundle(ArtifactStore(resolve_home(args.home)), load_config(args.config))
-    result = {"id": artifact.id, "reused": artifact.reused, "path": str(artifact.path), "metrics": artifact.metrics}
+    report, artifact = build_report_and_bundle(ArtifactStore(resolve_home(args.home)), load_config(args.config))
+    result = {
+        "id": artifact.id,
+        "reused": artifact.reused,
+        "path": str(artifact.path),
+        "metrics": artifact.metrics,
+        "benchmark_report": {"id": report.id, "reused": report.reused, "path": str(report.path)},
+    }
     emit(
         result,
         args.json,
         lambda r: (
             f"serving_bundle {r['id']} ({'reused' if r['reused'] else 'built'}) of model_checkpoint "
-            f"{r['metrics']['model_checkpoint_id']}\n"
+            f"{r['metrics']['model_checkpoint_id']}, benchmark_report {r['benchmark_report']['id']}\n"
             f"  {r['metrics']['golden_prompts']} golden prompts, {r['metrics']['files']} files, "
             f"{r['metrics']['bytes']:,} bytes\n  {r['path']}"
         ),
@@ -140,38 +148,60 @@ def _aieng_executable() -> str:
 
 def cmd_bundle_current(args: argparse.Namespace) -> int:
     from aieng_core.bundle.serving_bundle import KIND
+    from aieng_core.deploy.deployments import Deployments
 
-    artifact = ArtifactStore(resolve_home(args.home)).require_current(KIND)
+    home = resolve_home(args.home)
+    artifact = ArtifactStore(home).require_current(KIND)
     if args.path:
         print(artifact.path)
         return 0
     config = load_config(args.config)
     prompt = config.serving.golden_prompts[0]
     body = json.dumps({"prompt": prompt, "max_new_tokens": 32, "temperature": 0}, ensure_ascii=False)
+    aieng = shlex.quote(_aieng_executable())
+    production = Deployments(home).current()["bundle_id"]
+    in_production = production == artifact.id
     result = {
         "id": artifact.id,
         "path": str(artifact.path),
         "model_checkpoint_id": artifact.metrics.get("model_checkpoint_id"),
         "lineage": artifact.manifest.get("lineage", {}),
-        "serve_command": f"{shlex.quote(_aieng_executable())} serve --bundle {shlex.quote(str(artifact.path))}",
+        "production_bundle_id": production,
+        # The production bundle is served by following the pointer, so a promote or rollback reaches it.
+        "serve_command": (
+            f"{aieng} serve --deployment current"
+            if in_production
+            else f"{aieng} serve --bundle {shlex.quote(str(artifact.path))}"
+        ),
         "curl_command": (
             f"curl -s http://127.0.0.1:8000/generate -H 'Content-Type: application/json' -d {shlex.quote(body)}"
         ),
+        "lineage_command": f"{aieng} lineage {'current' if in_production else artifact.id}",
     }
-    emit(
-        result,
-        args.json,
-        lambda r: (
+
+    def human(r: dict[str, Any]) -> str:
+        if r["production_bundle_id"] is None:
+            deployed = "production serves nothing yet (`aieng deploy promote ID`, or materialize production_deployment)"
+        elif r["production_bundle_id"] == r["id"]:
+            deployed = "production serves this bundle"
+        else:
+            deployed = f"production serves another bundle: {r['production_bundle_id']}"
+        return (
             f"serving_bundle {r['id']} (model_checkpoint {r['model_checkpoint_id']})\n  {r['path']}\n"
-            f"serve it:\n  {r['serve_command']}\nthen query it:\n  {r['curl_command']}"
-        ),
-    )
+            f"{deployed}\nserve it:\n  {r['serve_command']}\nthen query it:\n  {r['curl_command']}\n"
+            f"what it was made from:\n  {r['lineage_command']}"
+        )
+
+    emit(result, args.json, human)
     return 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from aieng_core.serving.server import run_server
 
+    if args.pointer is not None and not args.deployment:
+        raise ValueError("--pointer names the deployment pointer to follow: use it with --deployment current")
+    pointer = validate_name(args.pointer or DEFAULT_POINTER, "deployment pointer")
     return run_server(
         bundle_path=Path(args.bundle) if args.bundle else None,
         host=args.host,
@@ -179,6 +209,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config=load_config(args.config),
         log_level=args.log_level,
         follow_home=resolve_home(args.home) if args.deployment else None,
+        pointer=pointer,
     )
 
 
@@ -282,7 +313,12 @@ def build_parser() -> argparse.ArgumentParser:
     serving_what.add_argument(
         "--deployment",
         choices=["current"],
-        help="follow the production deployment pointer: a promote or rollback swaps the bundle served",
+        help="follow a deployment pointer (--pointer; production by default): a promote or rollback swaps the bundle",
+    )
+    serve.add_argument(
+        "--pointer",
+        metavar="NAME",
+        help=f"with --deployment current: the pointer to follow (default {DEFAULT_POINTER})",
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from aieng_core.asset_keys import BENCHMARK_REPORT as BENCHMARK_KIND
 from aieng_core.asset_keys import BPE_TOKENIZER as TOKENIZER_KIND
 from aieng_core.asset_keys import CLEAN_DOCUMENTS as CLEAN_KIND
 from aieng_core.asset_keys import DATASET_MANIFEST as MANIFEST_KIND
@@ -14,7 +15,7 @@ from aieng_core.asset_keys import TOKENIZED_DOCUMENTS as TOKENIZED_KIND
 from aieng_core.store import ArtifactStore
 
 PARTITIONED = (RAW_KIND, CLEAN_KIND, TOKENIZED_KIND)
-UNPARTITIONED = (TOKENIZER_KIND, MANIFEST_KIND, MODEL_KIND, BUNDLE_KIND)
+UNPARTITIONED = (TOKENIZER_KIND, MANIFEST_KIND, MODEL_KIND, BENCHMARK_KIND, BUNDLE_KIND)
 # One line of counts per partition, from the artifact's metrics.
 PARTITION_SUMMARY = {
     RAW_KIND: lambda m: f"{m['files']} files, {m['bytes']:,} bytes",
@@ -83,6 +84,7 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append(f"  {model['path']}  (loads with transformers.AutoModelForCausalLM.from_pretrained)")
     else:
         lines.append(f"{MODEL_KIND}: (none)")
+    lines.append(_benchmark_line(assets[BENCHMARK_KIND]))
     bundle = assets[BUNDLE_KIND]
     if bundle:
         lines.append(
@@ -92,3 +94,22 @@ def format_status(status: dict[str, Any]) -> str:
     else:
         lines.append(f"{BUNDLE_KIND}: (none)")
     return "\n".join(lines)
+
+
+def _benchmark_line(report: dict[str, Any] | None) -> str:
+    if not report:
+        return f"{BENCHMARK_KIND}: (none)"
+    m = report["metrics"]
+    parts = [f"{BENCHMARK_KIND}: {report['id']}  (model_checkpoint {m.get('model_checkpoint_id')})"]
+    if "validation_loss" in m:
+        parts.append(f"validation loss {m['validation_loss']:.3f} vs unigram {m['unigram_baseline_loss']:.3f}")
+    speeds = sorted(
+        (int(name.rsplit("_", 1)[1]), value) for name, value in m.items() if name.startswith("tokens_per_second_batch_")
+    )
+    if speeds:
+        size, value = speeds[-1]
+        ratio = m.get(f"ratio_vs_transformers_batch_{size}")
+        parts.append(f"{value:,.0f} tok/s at batch {size}" + (f" ({ratio:.2f}x transformers)" if ratio else ""))
+    if m.get("truncated"):
+        parts.append("TRUNCATED by benchmark.max_seconds")
+    return ", ".join(parts)

@@ -2,15 +2,18 @@
 
 import dagster as dg
 
+from orchestration.assets.benchmark import benchmark_report
 from orchestration.assets.data import clean_documents, raw_documents
 from orchestration.assets.dataset import dataset_manifest
+from orchestration.assets.deployment import production_deployment
 from orchestration.assets.model import model_checkpoint
 from orchestration.assets.serving import serving_bundle
 from orchestration.assets.tokenizer import bpe_tokenizer, tokenized_documents
 from orchestration.checks import ALL_CHECKS
 from orchestration.partitions import CONFIG_PATH
 from orchestration.resources import AiengResource
-from orchestration.schedules import daily_ingest_job, daily_ingest_schedule
+from orchestration.schedules import daily_ingest_job, daily_ingest_schedule, retrain_job, retrain_schedule
+from orchestration.sensors import deploy_job, serving_bundle_sensor
 
 defs = dg.Definitions(
     assets=[
@@ -20,11 +23,14 @@ defs = dg.Definitions(
         tokenized_documents,
         dataset_manifest,
         model_checkpoint,
+        benchmark_report,
         serving_bundle,
+        production_deployment,
     ],
     asset_checks=ALL_CHECKS,
-    jobs=[daily_ingest_job],
-    schedules=[daily_ingest_schedule],
+    jobs=[daily_ingest_job, retrain_job, deploy_job],
+    schedules=[daily_ingest_schedule, retrain_schedule],
+    sensors=[serving_bundle_sensor],
     # The config path is spelled out so the UI shows which file this code location runs with.
     resources={"aieng": AiengResource(config_path=str(CONFIG_PATH))},
     # One laptop: steps run in the run's own process (a subprocess per step costs ~4 s of

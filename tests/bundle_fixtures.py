@@ -1,8 +1,9 @@
-"""Session fixtures: a trained tiny model and its serving bundle, built once per session.
+"""Session fixtures: a trained tiny model, its benchmark report and its serving bundle, built
+once per session.
 
 The demo data goes through dataset_manifest with configs/tiny.yaml, the tiny model trains
-(seconds), and the bundle is built from it. Tests treat both as read-only: a test that
-changes a bundle copies it first (`copy_bundle`).
+(seconds), its benchmark report is measured (seconds), and the bundle is built from both.
+Tests treat them as read-only: a test that changes a bundle copies it first (`copy_bundle`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from aieng_core.config import AiengConfig, load_config
-from aieng_core.store import Artifact, ArtifactStore
+from aieng_core.store import Artifact, ArtifactSpec, ArtifactStore, Produced
+from aieng_core.store.artifacts import MANIFEST
 from tests.conftest import DEMO_PARTITIONS, TINY_CONFIG
 
 
@@ -52,10 +54,21 @@ def trained_home(tmp_path_factory: pytest.TempPathFactory) -> TrainedHome:
 
 
 @pytest.fixture(scope="session")
-def serving_bundle_artifact(trained_home: TrainedHome) -> BundledHome:
-    """The serving bundle of the trained tiny model (read-only: copy it to change it)."""
+def benchmark_report_artifact(trained_home: TrainedHome) -> Artifact:
+    """The benchmark report of the trained tiny model, current in the trained home."""
+    from aieng_core.benchmark.benchmark_report import build_benchmark_report
+
+    return build_benchmark_report(trained_home.store, trained_home.config)
+
+
+@pytest.fixture(scope="session")
+def serving_bundle_artifact(trained_home: TrainedHome, benchmark_report_artifact: Artifact) -> BundledHome:
+    """The serving bundle of the trained tiny model, carrying its benchmark report
+    (read-only: copy it to change it)."""
     from aieng_core.bundle.serving_bundle import build_serving_bundle
 
+    # Another test may have made another report current in the shared home: this one is the bundle's.
+    trained_home.store.set_current(benchmark_report_artifact)
     bundle = build_serving_bundle(trained_home.store, trained_home.config)
     return BundledHome(trained_home.home, trained_home.store, trained_home.config, trained_home.model, bundle)
 
@@ -74,8 +87,9 @@ def copy_bundle(tmp_path: Path) -> Callable[[Artifact], Path]:
 
 @pytest.fixture
 def copy_bundled_home(tmp_path: Path) -> Callable[[BundledHome], ArtifactStore]:
-    """Copy the bundled home into this test's tmp_path, with the fixture's model and bundle
-    current and no other bundle (whatever other tests have built in the shared home)."""
+    """Copy the bundled home into this test's tmp_path, with the fixture's model, benchmark
+    report and bundle current and no other bundle (whatever other tests have built in the
+    shared home)."""
     from aieng_core.bundle.serving_bundle import KIND
 
     def copy(bundled: BundledHome) -> ArtifactStore:
@@ -85,8 +99,27 @@ def copy_bundled_home(tmp_path: Path) -> Callable[[BundledHome], ArtifactStore]:
         for other in store.list_ids(KIND):
             if other != bundled.bundle.id:
                 shutil.rmtree(store.artifact_dir(KIND, other))
-        store.set_current(store.get(bundled.model.kind, bundled.model.id))
+        for item in bundled.bundle.manifest["inputs"]:  # the model and its benchmark report
+            store.set_current(store.get(item["kind"], item["id"]))
         store.set_current(store.get(KIND, bundled.bundle.id))
         return store
 
     return copy
+
+
+def craft_model(store: ArtifactStore, base: Artifact, name: str, metrics: dict) -> Artifact:
+    """A model_checkpoint artifact with `base`'s files and other metrics, made current."""
+
+    def produce(staging: Path) -> Produced:
+        for path in base.path.iterdir():
+            if path.name != MANIFEST:
+                shutil.copyfile(path, staging / path.name)
+        return Produced(content_sha256=base.content_sha256, metrics=metrics)
+
+    spec = ArtifactSpec(
+        kind=base.kind,
+        code_version=f"crafted-{name}",
+        config_sha256=base.manifest["config_sha256"],
+        inputs=tuple((item["kind"], item["id"]) for item in base.manifest["inputs"]),
+    )
+    return store.build(spec, produce)

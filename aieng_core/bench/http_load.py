@@ -8,7 +8,9 @@ last one finished, and an open loop with Poisson arrivals at a fixed rate (expon
 from a seeded generator, so every run sends at the same offsets). Each request is checked
 for what it asked for: status 200, finish_reason "length", and the server's usage counts
 equal to the prompt's tokens and max_tokens; one that is not is a failed request, never a
-silently shorter one.
+silently shorter one. With `max_seconds`, a run is bounded: no request is sent after the
+deadline (those are left out of the records returned) and one still unfinished at it fails
+with NOT_FINISHED.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 from aieng_core.bench.serving_stats import RequestRecord
 
 REQUEST_TIMEOUT_S = 300.0  # per request; a bench never waits forever on a wedged server
+NOT_FINISHED = "not finished within max_seconds"
 
 
 @dataclass(frozen=True)
@@ -134,33 +137,50 @@ async def _send(port: int, request: LoadRequest, stream: bool, record: RequestRe
             pass
 
 
-async def _one(port: int, request: LoadRequest, stream: bool) -> RequestRecord:
+def _deadline(max_seconds: float | None) -> float | None:
+    return None if max_seconds is None else time.perf_counter() + max_seconds
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.perf_counter() >= deadline
+
+
+async def _one(port: int, request: LoadRequest, stream: bool, deadline: float | None = None) -> RequestRecord:
     record = RequestRecord(prompt_tokens=request.prompt_tokens, output_tokens=request.max_tokens, sent=0.0)
+    timeout = REQUEST_TIMEOUT_S
+    if deadline is not None and deadline - time.perf_counter() < timeout:
+        timeout = max(0.0, deadline - time.perf_counter())
     try:
-        await asyncio.wait_for(_send(port, request, stream, record), REQUEST_TIMEOUT_S)
-    except (OSError, TimeoutError, ValueError, IndexError, KeyError, asyncio.IncompleteReadError) as exc:
+        await asyncio.wait_for(_send(port, request, stream, record), timeout)
+    except TimeoutError:
+        record.ok = False
+        record.error = f"{NOT_FINISHED} ({timeout:.1f} s)" if timeout < REQUEST_TIMEOUT_S else "TimeoutError"
+        record.done = record.done or time.perf_counter()
+    except (OSError, ValueError, IndexError, KeyError, asyncio.IncompleteReadError) as exc:
         record.ok, record.error = False, f"{type(exc).__name__}: {exc}"
         record.done = record.done or time.perf_counter()
     return record
 
 
 async def _closed_loop(
-    port: int, requests: Sequence[LoadRequest], concurrency: int, stream: bool
+    port: int, requests: Sequence[LoadRequest], concurrency: int, stream: bool, deadline: float | None = None
 ) -> list[RequestRecord]:
     records: list[RequestRecord | None] = [None] * len(requests)
     queue = iter(range(len(requests)))
 
     async def client() -> None:
         for index in queue:  # a shared iterator: each client takes the next unsent request
-            records[index] = await _one(port, requests[index], stream)
+            if _past(deadline):
+                return
+            records[index] = await _one(port, requests[index], stream, deadline)
 
     await asyncio.gather(*(client() for _ in range(min(concurrency, len(requests)))))
     return [r for r in records if r is not None]
 
 
 async def _poisson(
-    port: int, requests: Sequence[LoadRequest], rate: float, seed: int, stream: bool
-) -> list[RequestRecord]:
+    port: int, requests: Sequence[LoadRequest], rate: float, seed: int, stream: bool, deadline: float | None = None
+) -> list[RequestRecord | None]:
     gaps = random.Random(seed)
     offsets, at = [], 0.0
     for _ in requests:
@@ -168,18 +188,27 @@ async def _poisson(
         at += gaps.expovariate(rate)
     start = time.perf_counter()
 
-    async def at_offset(offset: float, request: LoadRequest) -> RequestRecord:
+    async def at_offset(offset: float, request: LoadRequest) -> RequestRecord | None:
+        if deadline is not None and start + offset >= deadline:
+            return None  # its arrival falls after the deadline: never sent
         await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
-        return await _one(port, request, stream)
+        return await _one(port, request, stream, deadline)
 
     return list(await asyncio.gather(*(at_offset(o, r) for o, r in zip(offsets, requests))))
 
 
-def closed_loop(port: int, requests: Sequence[LoadRequest], concurrency: int, stream: bool) -> list[RequestRecord]:
-    """`concurrency` clients in a closed loop over `requests` (in order)."""
-    return asyncio.run(_closed_loop(port, requests, concurrency, stream))
+def closed_loop(
+    port: int, requests: Sequence[LoadRequest], concurrency: int, stream: bool, max_seconds: float | None = None
+) -> list[RequestRecord]:
+    """`concurrency` clients in a closed loop over `requests` (in order); with `max_seconds`,
+    only the requests sent before that deadline, each failed if unfinished at it."""
+    return asyncio.run(_closed_loop(port, requests, concurrency, stream, _deadline(max_seconds)))
 
 
-def poisson(port: int, requests: Sequence[LoadRequest], rate: float, seed: int, stream: bool) -> list[RequestRecord]:
-    """Open loop: request i is sent at the i-th arrival of a Poisson process of `rate` req/s."""
-    return asyncio.run(_poisson(port, requests, rate, seed, stream))
+def poisson(
+    port: int, requests: Sequence[LoadRequest], rate: float, seed: int, stream: bool, max_seconds: float | None = None
+) -> list[RequestRecord]:
+    """Open loop: request i is sent at the i-th arrival of a Poisson process of `rate` req/s;
+    with `max_seconds`, arrivals after that deadline are not sent (and not returned)."""
+    records = asyncio.run(_poisson(port, requests, rate, seed, stream, _deadline(max_seconds)))
+    return [record for record in records if record is not None]

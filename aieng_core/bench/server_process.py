@@ -1,5 +1,7 @@
-"""A real `aieng serve` process for the serving benchmark: started on a free loopback port,
-waited on until /health/ready answers 200, and always stopped (SIGTERM, then SIGKILL).
+"""A real `aieng serve` process for the serving benchmark and the promotion gate: started on a
+free loopback port, waited on until /health/ready answers 200 (or, following a deployment
+pointer, until /health/live does: the pointer may name no bundle), and always stopped
+(SIGTERM, then SIGKILL).
 
 Its log goes to a file, not a pipe: a pipe nobody reads fills up and stalls the server.
 """
@@ -39,10 +41,16 @@ def _status(port: int, path: str) -> int | None:
 
 
 class ServerProcess:
-    """`with ServerProcess(bundle, log_path, env) as server:` ... server.port, server.pid."""
+    """`with ServerProcess(bundle, log_path, env) as server:` ... server.port, server.pid.
 
-    def __init__(self, bundle: Path, log_path: Path, env: dict[str, str]) -> None:
+    With `pointer` (and bundle None) the server follows that deployment pointer of the
+    $AIENG_HOME in `env` (`aieng serve --deployment current --pointer NAME`)."""
+
+    def __init__(self, bundle: Path | None, log_path: Path, env: dict[str, str], pointer: str | None = None) -> None:
+        if (bundle is None) == (pointer is None):
+            raise ValueError("serve either a bundle or a deployment pointer")
         self.bundle = bundle
+        self.pointer = pointer
         self.log_path = log_path
         self.env = env
         self.port = free_port()
@@ -55,13 +63,18 @@ class ServerProcess:
         return self.process.pid
 
     def __enter__(self) -> ServerProcess:
-        command = [sys.executable, "-m", "aieng_core.cli", "serve", "--bundle", str(self.bundle)]
+        command = [sys.executable, "-m", "aieng_core.cli", "serve"]
+        if self.pointer is not None:
+            command += ["--deployment", "current", "--pointer", self.pointer]
+        else:
+            command += ["--bundle", str(self.bundle)]
         command += ["--host", "127.0.0.1", "--port", str(self.port)]
+        up_path = "/health/ready" if self.pointer is None else "/health/live"
         started = time.perf_counter()
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         try:
-            while _status(self.port, "/health/ready") != 200:
+            while _status(self.port, up_path) != 200:
                 if self.process.poll() is not None:
                     raise RuntimeError(f"aieng serve exited with {self.process.returncode}:\n{self.log_tail()}")
                 if time.perf_counter() - started > READY_TIMEOUT_S:

@@ -2,10 +2,13 @@
 
 The bundle holds the model (model.safetensors, config.json, generation_config.json), its
 tokenizer files, serving.json (engine limits and request defaults from the `serving:` config
-section, plus the model's EOS id) and golden.json (greedy continuations of the configured
-prompts, recorded by the serving engine itself). Its manifest lists every file's SHA-256,
-names the model checkpoint as its input, and carries a lineage summary found by walking the
-inputs chain down to the raw snapshots. Same model + serving config + code -> same id, reused.
+section, plus the model's EOS id), golden.json (greedy continuations of the configured
+prompts, recorded by the serving engine itself) and benchmark.json, the benchmark_report of
+the same model: its figures (also in the manifest's metrics, under `benchmark`) are the
+baseline the promotion gate compares against. Its manifest lists every file's SHA-256, names
+the model checkpoint and the benchmark report as its inputs, and carries a lineage summary
+found by walking the inputs chain down to the raw snapshots. Same model + report + serving
+config + code -> same id, reused.
 """
 
 from __future__ import annotations
@@ -21,8 +24,16 @@ from aieng_core import asset_keys
 from aieng_core.bundle.golden import GOLDEN_DEVICE, record_goldens, torch_threads
 from aieng_core.config import AiengConfig, ServingConfig
 from aieng_core.hashing import sha256_file, sha256_json
-from aieng_core.store import Artifact, ArtifactIntegrityError, ArtifactSpec, ArtifactStore, Produced, RunInfo
-from aieng_core.store.artifacts import MANIFEST
+from aieng_core.store import (
+    Artifact,
+    ArtifactIntegrityError,
+    ArtifactNotFound,
+    ArtifactSpec,
+    ArtifactStore,
+    Produced,
+    RunInfo,
+)
+from aieng_core.store.artifacts import MANIFEST, rebuild_command
 from aieng_core.store.lineage import lineage_summary
 from aieng_core.tokenizer.bpe import TOKENIZER_FILES
 
@@ -30,14 +41,21 @@ from aieng_core.tokenizer.bpe import TOKENIZER_FILES
 # define the asset, and loading the location must stay light.
 
 KIND = asset_keys.SERVING_BUNDLE
-CODE_VERSION = "serving_bundle-v2"
+# v3: carries the benchmark_report of its model (benchmark.json, metrics["benchmark"]), an input.
+CODE_VERSION = "serving_bundle-v3"
 MODEL_KIND = asset_keys.MODEL_CHECKPOINT
+BENCHMARK_KIND = asset_keys.BENCHMARK_REPORT
 
 # Spelled out (not imported from model/hf_files.py) to keep torch out of this module's imports.
 MODEL_FILES = ("model.safetensors", "config.json", "generation_config.json", *TOKENIZER_FILES)
 SERVING_FILE = "serving.json"
 GOLDEN_FILE = "golden.json"
+# What `aieng serve` loads: every bundle has these, and its content hash is of their hashes.
 BUNDLE_FILES = (*MODEL_FILES, SERVING_FILE, GOLDEN_FILE)
+# The benchmark report of the bundled model (its benchmark.json), copied byte for byte: listed
+# in the manifest (so verified with every other file) but not served, so outside the content
+# hash of what serves. Spelled out (not imported from aieng_core/benchmark/) as MODEL_FILES are.
+BENCHMARK_FILE = "benchmark.json"
 
 # The ServingConfig fields copied into serving.json: what the engine and the server need at run time.
 SERVING_FIELDS = (
@@ -64,6 +82,10 @@ class PartialModelRefused(ValueError):
     """The current model stopped before max_steps and the config does not allow bundling it."""
 
 
+class BenchmarkReportMismatch(ValueError):
+    """The current benchmark report measured another model than the one the bundle would pack."""
+
+
 def golden_limits(serving: dict[str, Any], prompts: int) -> dict[str, int]:
     """Engine limits for recording or replaying goldens: the bundle's own, except that every
     golden prompt may wait at once (max_waiting may be smaller than the prompt set)."""
@@ -80,13 +102,18 @@ def kv_cache_bytes(model_config: Any, max_batch: int, max_context: int) -> int:
     return KVCachePool.for_model(model_config, max_batch, max_context, device="meta").nbytes
 
 
-def produce_bundle_files(staging: Path, model_artifact: Artifact, serving: ServingConfig, threads: int) -> Produced:
-    """Write a bundle of `model_artifact` into `staging`; needs nothing but the model
-    artifact's directory and manifest (the serving benchmark bundles models of its own)."""
+def produce_bundle_files(
+    staging: Path, model_artifact: Artifact, serving: ServingConfig, threads: int, benchmark: Artifact | None = None
+) -> Produced:
+    """Write a bundle of `model_artifact` into `staging`, with `benchmark` (its model's
+    benchmark_report) when given; needs nothing but the artifacts' directories and manifests
+    (the serving benchmark bundles models of its own, without a report)."""
     from aieng_core.model.hf_files import checkpoint_config, load_model
     from aieng_core.serving.engine import Engine, EngineLimits
     from aieng_core.tokenizer.bpe import load_tokenizer
 
+    if benchmark is not None:
+        refuse_other_model(benchmark, model_artifact)
     # Each copy is hashed against the model's manifest: the bytes bundled are the bytes the
     # manifest names, whether the source was damaged before or changed during the copy.
     listed = model_artifact.manifest.get("files", {})
@@ -127,28 +154,66 @@ def produce_bundle_files(staging: Path, model_artifact: Artifact, serving: Servi
     golden = {"device": GOLDEN_DEVICE, "threads": threads, "engine_limits": limits, "outputs": outputs}
     _write_json(staging / GOLDEN_FILE, golden)
 
+    written = list(BUNDLE_FILES)
+    baseline: dict[str, Any] = {}
+    if benchmark is not None:
+        copy_benchmark(staging, benchmark)
+        written.append(BENCHMARK_FILE)
+        baseline = {"benchmark_report_id": benchmark.id, "benchmark": benchmark.metrics}
+
     content = {name: sha256_file(staging / name) for name in BUNDLE_FILES}
     metrics = {
         "model_checkpoint_id": model_artifact.id,
+        **baseline,
         "parameters": model.num_parameters(),
         "eos_token_id": model_config.eos_token_id,
         "golden_prompts": len(outputs),
         "golden_max_new_tokens": serving.golden_max_new_tokens,
         "golden_threads": threads,
-        "files": len(content),
-        "bytes": sum((staging / name).stat().st_size for name in BUNDLE_FILES),
+        "files": len(written),
+        "bytes": sum((staging / name).stat().st_size for name in written),
         "kv_cache_bytes": kv_cache_bytes(model_config, serving.max_batch, serving.max_context),
         **{name: settings[name] for name in ENGINE_LIMIT_FIELDS},
     }
     return Produced(content_sha256=bundle_content_sha256(content), metrics=metrics)
 
 
+def report_model_id(report: Artifact) -> str | None:
+    """The model_checkpoint a benchmark_report measured (its manifest's input)."""
+    ids = [item.get("id") for item in report.manifest.get("inputs", []) if item.get("kind") == MODEL_KIND]
+    return ids[0] if len(ids) == 1 else None
+
+
+def refuse_other_model(report: Artifact, model: Artifact) -> None:
+    measured = report_model_id(report)
+    if measured != model.id:
+        raise BenchmarkReportMismatch(
+            f"{BENCHMARK_KIND} {report.id} measured {MODEL_KIND} {measured}, not {model.id}, the model this bundle "
+            f"would pack: a bundle carries the report of its own model. Materialize {BENCHMARK_KIND} for it first "
+            f"(`{rebuild_command(BENCHMARK_KIND, None)}`), then retry"
+        )
+
+
+def copy_benchmark(staging: Path, report: Artifact) -> None:
+    """Copy the report's benchmark.json, checked against the report's manifest as it is copied."""
+    source = report.path / BENCHMARK_FILE
+    expected = report.manifest.get("files", {}).get(BENCHMARK_FILE)
+    if expected is None:
+        raise ArtifactIntegrityError(f"{source}: not listed in {report.path / MANIFEST}")
+    shutil.copyfile(source, staging / BENCHMARK_FILE)
+    if sha256_file(staging / BENCHMARK_FILE) != expected:
+        raise ArtifactIntegrityError(
+            f"{source}: SHA-256 does not match the report's manifest (damaged, or changed while being copied)"
+        )
+
+
 def bundle_content_sha256(file_hashes: dict[str, str]) -> str:
-    """The bundle's content hash: of its files' hashes (the manifest and nothing else aside)."""
+    """The bundle's content hash: of the hashes of the files it serves (BUNDLE_FILES).
+    benchmark.json is listed and verified like them, but decides nothing that serves."""
     return sha256_json(file_hashes)
 
 
-def bundle_spec(config: AiengConfig, model: Artifact) -> ArtifactSpec:
+def bundle_spec(config: AiengConfig, model: Artifact, report: Artifact) -> ArtifactSpec:
     import torch
 
     # serving.threads 0 means torch's default, which follows the machine's cores; goldens
@@ -158,8 +223,10 @@ def bundle_spec(config: AiengConfig, model: Artifact) -> ArtifactSpec:
         kind=KIND,
         code_version=CODE_VERSION,
         config_sha256=config.section_sha256("serving"),
-        inputs=((MODEL_KIND, model.id),),
-        recipe={"device": GOLDEN_DEVICE, "threads": threads},
+        inputs=((MODEL_KIND, model.id), (BENCHMARK_KIND, report.id)),
+        # A report's id is its recipe's, and its figures are measurements: its content hash names
+        # the figures this bundle carries (a report measured again under the same id is another baseline).
+        recipe={"device": GOLDEN_DEVICE, "threads": threads, "benchmark_report_sha256": report.content_sha256},
     )
 
 
@@ -178,19 +245,49 @@ def refuse_partial(model: Artifact, serving: ServingConfig) -> None:
 def build_serving_bundle(
     store: ArtifactStore, config: AiengConfig, run: RunInfo = RunInfo(), logger: Any = log
 ) -> Artifact:
-    """Bundle (or reuse the bundle of) the current model checkpoint."""
+    """Bundle (or reuse the bundle of) the current model checkpoint, with the current
+    benchmark report, which must be of the same model."""
     model = store.check_input(store.require_current(MODEL_KIND))
     refuse_partial(model, config.serving)
-    spec = bundle_spec(config, model)
-    # Walked before building: a lineage with a hole (an upstream artifact gone) stops here.
-    lineage = lineage_summary(store, model)
+    report = current_report(store)
+    refuse_other_model(report, model)
+    store.check_input(report)
+    spec = bundle_spec(config, model, report)
+    # Walked before building: a lineage with a hole (an upstream artifact gone) stops here. The
+    # report's chain is the bundle's: the report, its model, and everything upstream of them.
+    lineage = lineage_summary(store, report)
 
     def produce(staging: Path) -> Produced:
-        produced = produce_bundle_files(staging, model, config.serving, spec.recipe["threads"])
-        logger.info(f"{KIND}: bundled {MODEL_KIND} {model.id} with {produced.metrics['golden_prompts']} goldens")
+        produced = produce_bundle_files(staging, model, config.serving, spec.recipe["threads"], report)
+        logger.info(
+            f"{KIND}: bundled {MODEL_KIND} {model.id} with {produced.metrics['golden_prompts']} goldens and "
+            f"{BENCHMARK_KIND} {report.id}"
+        )
         return replace(produced, extra={**produced.extra, "lineage": lineage})
 
     return store.build(spec, produce, run, logger)
+
+
+def build_report_and_bundle(
+    store: ArtifactStore, config: AiengConfig, run: RunInfo = RunInfo(), logger: Any = log
+) -> tuple[Artifact, Artifact]:
+    """`aieng bundle build`: the current model's benchmark report (reused when its recipe is
+    unchanged, else measured), then the bundle carrying it."""
+    from aieng_core.benchmark.benchmark_report import build_benchmark_report
+
+    refuse_partial(store.require_current(MODEL_KIND), config.serving)  # refused before it is measured
+    report = build_benchmark_report(store, config, run, logger)
+    return report, build_serving_bundle(store, config, run, logger)
+
+
+def current_report(store: ArtifactStore) -> Artifact:
+    report = store.current(BENCHMARK_KIND)
+    if report is None:
+        raise ArtifactNotFound(
+            f"{BENCHMARK_KIND} has not been materialized yet: a bundle carries its model's benchmark report. "
+            f"Materialize it first (`{rebuild_command(BENCHMARK_KIND, None)}`), then retry"
+        )
+    return report
 
 
 def _write_json(path: Path, value: Any) -> None:

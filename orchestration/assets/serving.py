@@ -4,8 +4,9 @@ from typing import Any
 
 import dagster as dg
 
+from aieng_core.benchmark.summary import figures_markdown
 from aieng_core.bundle import serving_bundle as bundle_core
-from orchestration.assets.model import model_checkpoint
+from orchestration.assets.benchmark import benchmark_report
 from orchestration.metadata import materialize_one, run_info
 from orchestration.partitions import single_run
 from orchestration.resources import AiengResource
@@ -26,7 +27,7 @@ def golden_table(outputs: list[dict[str, Any]]) -> str:
 
 @dg.asset(
     key=bundle_core.KIND,
-    deps=[model_checkpoint],
+    deps=[benchmark_report],
     backfill_policy=single_run,
     code_version=bundle_core.CODE_VERSION,
     group_name="serving",
@@ -34,8 +35,9 @@ def golden_table(outputs: list[dict[str, Any]]) -> str:
     description=(
         "Immutable bundle `aieng serve` loads: the current model's safetensors and config, its tokenizer, "
         "serving.json (engine limits and request defaults from the serving: config) and golden greedy "
-        "continuations recorded by the serving engine. Its manifest's inputs chain reaches the raw snapshots. "
-        "A partial model is refused unless serving.allow_partial_model."
+        "continuations recorded by the serving engine, and benchmark.json, the benchmark_report of the same model "
+        "(its figures are the promotion gate's baseline; a report of another model is refused). Its manifest's inputs "
+        "chain reaches the raw snapshots. A partial model is refused unless serving.allow_partial_model."
     ),
 )
 def serving_bundle(context: dg.AssetExecutionContext, aieng: AiengResource) -> dg.MaterializeResult:
@@ -46,17 +48,21 @@ def serving_bundle(context: dg.AssetExecutionContext, aieng: AiengResource) -> d
     metrics = artifact.metrics
     golden = json.loads(artifact.file(bundle_core.GOLDEN_FILE).read_text(encoding="utf-8"))
     serving = json.loads(artifact.file(bundle_core.SERVING_FILE).read_text(encoding="utf-8"))
+    benchmark = json.loads(artifact.file(bundle_core.BENCHMARK_FILE).read_text(encoding="utf-8"))
     lineage = artifact.manifest.get("lineage", {})
     return materialize_one(
         artifact,
         {
             "model_checkpoint_id": metrics["model_checkpoint_id"],
+            "benchmark_report_id": metrics["benchmark_report_id"],
             "parameters": metrics["parameters"],
             "files": metrics["files"],
             "bytes": metrics["bytes"],
             "kv_cache_bytes": metrics["kv_cache_bytes"],
             "golden_prompts": metrics["golden_prompts"],
             "golden_outputs": dg.MetadataValue.md(golden_table(golden["outputs"])),
+            "benchmark": dg.MetadataValue.md(figures_markdown(benchmark)),
+            "benchmark_baseline": dg.MetadataValue.json(metrics["benchmark"]),
             "serving_limits": dg.MetadataValue.json(serving),
             "lineage": dg.MetadataValue.json(lineage),
             "serve_command": dg.MetadataValue.text(f"aieng serve --bundle {artifact.path}"),

@@ -12,6 +12,7 @@ from aieng_core.cli import main
 from aieng_core.data import reasons
 from aieng_core.data.demo_data import EXPECTED_DIRTY
 from aieng_core.data.tables import QUARANTINE_FILE
+from aieng_core.deploy.deployments import Deployments
 from tests.conftest import DEMO_PARTITIONS
 from tests.core.helpers import BuiltHome, read_table
 
@@ -209,16 +210,19 @@ def test_bundle_build_reuses_and_current_prints_the_commands(
     assert code == 0 and err == ""
     current = json.loads(out)
     aieng = Path(sys.executable).parent / "aieng"
+    executable = shlex.quote(str(aieng)) if aieng.is_file() else "aieng"
     assert current == {
         "id": bundle.id,
         "path": built["path"],
         "model_checkpoint_id": serving_bundle_artifact.model.id,
         "lineage": bundle.manifest["lineage"],
-        "serve_command": f"{shlex.quote(str(aieng)) if aieng.is_file() else 'aieng'} serve --bundle {built['path']}",
+        "production_bundle_id": None,
+        "serve_command": f"{executable} serve --bundle {built['path']}",
         "curl_command": (
             "curl -s http://127.0.0.1:8000/generate -H 'Content-Type: application/json' "
             """-d '{"prompt": "The data pipeline", "max_new_tokens": 32, "temperature": 0}'"""
         ),
+        "lineage_command": f"{executable} lineage {bundle.id}",
     }
     code, out, _ = run(capsys, "--home", str(home), "bundle", "current", "--path")
     assert (code, out) == (0, built["path"] + "\n")
@@ -227,11 +231,21 @@ def test_bundle_build_reuses_and_current_prints_the_commands(
     assert out.splitlines() == [
         f"serving_bundle {bundle.id} (model_checkpoint {serving_bundle_artifact.model.id})",
         f"  {built['path']}",
+        "production serves nothing yet (`aieng deploy promote ID`, or materialize production_deployment)",
         "serve it:",
         f"  {current['serve_command']}",
         "then query it:",
         f"  {current['curl_command']}",
+        "what it was made from:",
+        f"  {current['lineage_command']}",
     ]
+    # Once production serves it, it is served by following the pointer.
+    Deployments(home).promote(bundle.id, verify=False)
+    code, out, _ = run(capsys, "--home", str(home), "bundle", "current", "--json")
+    deployed = json.loads(out)
+    assert deployed["production_bundle_id"] == bundle.id
+    assert deployed["serve_command"] == f"{executable} serve --deployment current"
+    assert deployed["lineage_command"] == f"{executable} lineage current"
 
 
 def test_bundle_current_without_a_bundle(capsys: pytest.CaptureFixture) -> None:

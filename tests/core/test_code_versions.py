@@ -68,6 +68,7 @@ def test_lock_refuses_to_give_a_version_another_source(tmp_path: Path, monkeypat
         "bpe_tokenizer",
         "tokenized_documents",
         "model_checkpoint",
+        "benchmark_report",
         "serving_bundle",
     }
     assert lock_copy.read_bytes() == before  # nothing recorded

@@ -44,7 +44,7 @@ def test_json_chain_of_a_bundle_reaches_every_raw_file(
     result = lineage_json(store, capsys, bundle.id)
     assert set(result) == {"root", "nodes"}  # no deployment: the root was named, not `current`
     assert result["root"] == bundle.id
-    assert len(result["nodes"]) == 1 + len(upstream(store, bundle)) == 13
+    assert len(result["nodes"]) == 1 + len(upstream(store, bundle)) == 14
     for artifact_id, node in result["nodes"].items():
         assert node["id"] == artifact_id
         assert set(NODE_KEYS) <= node.keys(), artifact_id
@@ -73,12 +73,12 @@ def test_current_follows_the_production_pointer(
     for argv in ([], ["current"]):
         result = lineage_json(store, capsys, *argv)
         assert result["root"] == newer
-        assert len(result["nodes"]) == 13 and bundle.id not in result["nodes"]
+        assert len(result["nodes"]) == 14 and bundle.id not in result["nodes"]
         assert result["deployment"]["bundle_id"] == newer
         assert result["deployment"]["pointer"] == "production" and result["deployment"]["sequence"] == 3
         assert result["deployment"]["events"] == [events[2]]
     text = lineage(store, capsys)
-    assert text.startswith(f"lineage of serving_bundle {newer}: 13 artifacts, 3 raw snapshots of 5 landed files\n")
+    assert text.startswith(f"lineage of serving_bundle {newer}: 14 artifacts, 3 raw snapshots of 5 landed files\n")
     assert "deployed to production: sequence 3, updated 2026-02-03T10:00:00+00:00\n" in text
     assert "\n  promote #3 at 2026-02-03T10:00:00+00:00 by alice: change 3\n" in text
 
@@ -116,7 +116,7 @@ def test_human_tree_names_the_root_every_node_and_the_raw_files(
     (bundle.path / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
     text = lineage(store, capsys, bundle.id)
     lines = text.splitlines()
-    assert lines[0] == f"lineage of serving_bundle {bundle.id}: 13 artifacts, 3 raw snapshots of 5 landed files"
+    assert lines[0] == f"lineage of serving_bundle {bundle.id}: 14 artifacts, 3 raw snapshots of 5 landed files"
     assert lines[2] == f"serving_bundle {bundle.id}"
     assert lines[3].startswith(
         f"    code {bundle.manifest['code_version']}, config {bundle.manifest['config_sha256'][:12]}"
@@ -146,7 +146,7 @@ def test_affected_by_partition_json_and_text(
         for kind in (asset_keys.RAW_DOCUMENTS, asset_keys.CLEAN_DOCUMENTS, asset_keys.TOKENIZED_DOCUMENTS)
     }
     assert {(a["kind"], a["id"]) for a in result["artifacts"]} == expected_downstream(store, seeds)
-    assert len(result["artifacts"]) == 10
+    assert len(result["artifacts"]) == 11
     for item in result["artifacts"]:
         assert set(item) == {"kind", "id", "partition", "created_at", "current", "path"}
     assert [
@@ -156,7 +156,7 @@ def test_affected_by_partition_json_and_text(
         (bundle.id, False, [2, 3]),
     ]
     text = lineage(store, capsys, "--affected-by", "2026-01-02")
-    assert text.startswith("affected by partition 2026-01-02: 10 artifacts (* = current)\n")
+    assert text.startswith("affected by partition 2026-01-02: 11 artifacts (* = current)\n")
     assert f"  * serving_bundle {bundle.id}  created " in text
     assert f"  serving_bundle {newer}  SERVING NOW" in text
     assert f"  serving_bundle {bundle.id}  not serving" in text

@@ -128,7 +128,7 @@ def test_graph_is_the_root_and_its_upstream_with_paths(serving_bundle_artifact: 
     graph = lineage_graph(store, bundle)
     chain = upstream(store, bundle)
     assert graph["root"] == bundle.id
-    assert len(graph["nodes"]) == 1 + len(chain) == 13
+    assert len(graph["nodes"]) == 1 + len(chain) == 14
     for artifact in [bundle, *chain]:
         assert graph["nodes"][artifact.id] == {**artifact.manifest, "path": str(artifact.path)}
     for node in graph["nodes"].values():
@@ -204,7 +204,7 @@ def test_affected_by_a_partition_is_everything_built_from_it(
     assert kinds == sorted(
         [asset_keys.RAW_DOCUMENTS, asset_keys.CLEAN_DOCUMENTS, asset_keys.BPE_TOKENIZER]
         + [asset_keys.TOKENIZED_DOCUMENTS] * 3
-        + [asset_keys.DATASET_MANIFEST, asset_keys.MODEL_CHECKPOINT]
+        + [asset_keys.DATASET_MANIFEST, asset_keys.MODEL_CHECKPOINT, asset_keys.BENCHMARK_REPORT]
         + [asset_keys.SERVING_BUNDLE] * 2
     )
     assert [a["partition"] for a in result["artifacts"] if a["kind"] == asset_keys.RAW_DOCUMENTS] == [partition]
@@ -310,11 +310,14 @@ def test_an_unreadable_manifest_is_reported_not_skipped_silently(
     (model.path / "manifest.json").write_text("{not json", encoding="utf-8")
     result = affected_by_partition(store, DEMO_PARTITIONS[0])
     assert len(result["unreadable"]) == 1 and str(model.path / "manifest.json") in result["unreadable"][0]
-    # The model is unreadable, so the walk stops there: the bundle built from it is not found.
+    # The model is unreadable, so the walk stops there; the benchmark report read the dataset
+    # itself, so it (and the bundle built from it) is still reached through the dataset.
     assert {a["kind"] for a in result["artifacts"]} == {
         asset_keys.RAW_DOCUMENTS,
         asset_keys.CLEAN_DOCUMENTS,
         asset_keys.BPE_TOKENIZER,
         asset_keys.TOKENIZED_DOCUMENTS,
         asset_keys.DATASET_MANIFEST,
+        asset_keys.BENCHMARK_REPORT,
+        asset_keys.SERVING_BUNDLE,
     }

@@ -16,8 +16,20 @@ def test_status_names_every_asset_down_to_the_serving_bundle(serving_bundle_arti
     assert assets["model_checkpoint"]["id"] == serving_bundle_artifact.model.id
     assert assets["serving_bundle"]["id"] == serving_bundle_artifact.bundle.id
     assert sorted(assets["clean_documents"]) == ["2026-01-01", "2026-01-02", "2026-01-03"]
+    report = serving_bundle_artifact.store.require_current("benchmark_report")
+    assert (
+        assets["benchmark_report"]["id"] == report.id == serving_bundle_artifact.bundle.metrics["benchmark_report_id"]
+    )
     text = format_status(status)
     assert f"serving_bundle: {serving_bundle_artifact.bundle.id}" in text
+    m = report.metrics
+    assert (
+        f"benchmark_report: {report.id}  (model_checkpoint {serving_bundle_artifact.model.id}), validation loss "
+        f"{m['validation_loss']:.3f} vs unigram {m['unigram_baseline_loss']:.3f}, "
+        f"{m['tokens_per_second_batch_4']:,.0f} tok/s at batch 4 "
+        f"({m['ratio_vs_transformers_batch_4']:.2f}x transformers)"
+    ) in text.splitlines()
+    assert "TRUNCATED" not in text
     assert "PARTIAL" not in text
     json.dumps(status)  # the --json form is one JSON document
 

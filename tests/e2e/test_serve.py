@@ -251,7 +251,10 @@ def test_health_version_and_models(server: Server, serving_bundle_artifact) -> N
     assert version["code_version"] == bundle.manifest["code_version"]
     assert version["created_at"] == bundle.manifest["created_at"]
     assert version["lineage"]["model_checkpoint"] == serving_bundle_artifact.model.id
-    assert version["inputs"] == [{"kind": "model_checkpoint", "id": serving_bundle_artifact.model.id}]
+    assert version["inputs"] == [
+        {"kind": "model_checkpoint", "id": serving_bundle_artifact.model.id},
+        {"kind": "benchmark_report", "id": bundle.metrics["benchmark_report_id"]},
+    ]
     models = server.get("/v1/models").json
     assert models["object"] == "list"
     assert [m["id"] for m in models["data"]] == [bundle.id]

@@ -155,7 +155,7 @@ def test_daily_ingest_job_is_the_data_half_with_its_checks() -> None:
 
 
 def test_daily_ingest_schedule() -> None:
-    assert [s.name for s in defs.schedules or []] == ["daily_ingest_schedule"]
+    assert [s.name for s in defs.schedules or []] == ["daily_ingest_schedule", "retrain_schedule"]
     schedule = defs.resolve_schedule_def("daily_ingest_schedule")
     assert schedule.job_name == "daily_ingest"
     assert schedule.cron_schedule == "0 1 * * *"

@@ -1,7 +1,7 @@
 """serving_bundle and its blocking check bundle_verified, materialized by Dagster.
 
-The trained tiny home (tests/bundle_fixtures.py) is copied, then model_checkpoint (reused)
-and serving_bundle are materialized with a real instance; the check is then shown to fail
+The trained tiny home with its benchmark report (tests/bundle_fixtures.py) is copied, then
+model_checkpoint (reused) and serving_bundle are materialized with a real instance; the check is then shown to fail
 on a bundle whose golden output no longer replays, and on a damaged bundle file.
 """
 
@@ -21,6 +21,7 @@ from aieng_core.bundle.verify import verify_bundle
 from aieng_core.hashing import sha256_file
 from aieng_core.store import ArtifactStore
 from aieng_core.store.artifacts import MANIFEST
+from orchestration.assets.benchmark import benchmark_report
 from orchestration.assets.model import model_checkpoint
 from orchestration.assets.serving import golden_table, serving_bundle
 from orchestration.checks import bundle_verified
@@ -28,7 +29,7 @@ from orchestration.resources import AiengResource
 from tests.conftest import TINY_CONFIG
 from tests.orchestration.helpers import check_outcomes, meta, run_materializations
 
-GRAPH = [model_checkpoint, serving_bundle, bundle_verified]
+GRAPH = [model_checkpoint, benchmark_report, serving_bundle, bundle_verified]
 SELECTION = dg.AssetSelection.assets(serving_bundle) | dg.AssetSelection.checks(bundle_verified)
 
 
@@ -48,10 +49,13 @@ def aieng(home: Path) -> dict[str, AiengResource]:
 
 
 @pytest.fixture(scope="module")
-def bundled(trained_home, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Materialized]:
+def bundled(
+    trained_home, benchmark_report_artifact, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Materialized]:
     home = tmp_path_factory.mktemp("serving-graph") / "aieng-home"
     shutil.copytree(trained_home.home, home)
-    # Another test may have bundled the shared home already: this run must build its own.
+    # Another test may have bundled the shared home already: this run must build its own (from the
+    # session's benchmark report, current in the home: the report is materialized elsewhere).
     shutil.rmtree(home / "artifacts" / "serving_bundle", ignore_errors=True)
     shutil.rmtree(home / "refs" / "serving_bundle", ignore_errors=True)
     with dg.instance_for_test() as instance:
@@ -64,13 +68,18 @@ def bundle_materialization(result: dg.ExecuteInProcessResult) -> dg.AssetMateria
     return run_materializations(result)[("serving_bundle", None)]
 
 
-def test_the_bundle_is_materialized_and_verified(bundled: Materialized, trained_home) -> None:
+def test_the_bundle_is_materialized_and_verified(
+    bundled: Materialized, trained_home, benchmark_report_artifact
+) -> None:
     for result in (bundled.first, bundled.again):
         assert result.success
         assert check_outcomes(result) == {"bundle_verified": True}
         assert set(run_materializations(result)) == {("serving_bundle", None)}
     bundle = bundled.store.require_current("serving_bundle")
-    assert bundle.manifest["inputs"] == [{"kind": "model_checkpoint", "id": trained_home.model.id}]
+    assert bundle.manifest["inputs"] == [
+        {"kind": "model_checkpoint", "id": trained_home.model.id},
+        {"kind": "benchmark_report", "id": benchmark_report_artifact.id},
+    ]
     assert bundle.manifest["dagster_run_id"] == bundled.first.run_id
 
 
@@ -81,7 +90,7 @@ def test_metadata_shows_the_artifact_goldens_and_limits(bundled: Materialized) -
     assert values["artifact_id"] == bundle.id
     assert values["content_sha256"] == bundle.content_sha256
     assert values["reused"] is False
-    assert values["input_ids"] == bundle.metrics["model_checkpoint_id"]
+    assert values["input_ids"] == f"{bundle.metrics['model_checkpoint_id']}, {bundle.metrics['benchmark_report_id']}"
     for name in ("model_checkpoint_id", "parameters", "files", "bytes", "kv_cache_bytes", "golden_prompts"):
         assert values[name] == bundle.metrics[name], name
     assert values["golden_outputs"] == golden_table(golden["outputs"])
@@ -114,7 +123,7 @@ def test_check_metadata(bundled: Materialized) -> None:
     bundle = bundled.store.require_current("serving_bundle")
     assert values == {
         "bundle_id": bundle.id,
-        "files_checked": len(bundle_core.BUNDLE_FILES),
+        "files_checked": len(bundle_core.BUNDLE_FILES) + 1,  # and benchmark.json
         "goldens_replayed": 3,
         "goldens_matching": 3,
         "problems": [],

@@ -18,10 +18,21 @@ def test_upstream_walks_down_to_the_raw_snapshots(serving_bundle_artifact: Bundl
     store, bundle = serving_bundle_artifact.store, serving_bundle_artifact.bundle
     chain = upstream(store, bundle)
     kinds = [a.kind for a in chain]
-    # Nearest first: the model, then its dataset and tokenizer, then partitions, then raw.
-    assert kinds[:3] == [asset_keys.MODEL_CHECKPOINT, asset_keys.DATASET_MANIFEST, asset_keys.BPE_TOKENIZER]
+    # Nearest first: the model and its benchmark report, then the dataset and tokenizer, then
+    # partitions, then raw.
+    assert kinds[:4] == [
+        asset_keys.MODEL_CHECKPOINT,
+        asset_keys.BENCHMARK_REPORT,
+        asset_keys.DATASET_MANIFEST,
+        asset_keys.BPE_TOKENIZER,
+    ]
     assert sorted(kinds) == sorted(
-        [asset_keys.MODEL_CHECKPOINT, asset_keys.DATASET_MANIFEST, asset_keys.BPE_TOKENIZER]
+        [
+            asset_keys.MODEL_CHECKPOINT,
+            asset_keys.BENCHMARK_REPORT,
+            asset_keys.DATASET_MANIFEST,
+            asset_keys.BPE_TOKENIZER,
+        ]
         + [asset_keys.TOKENIZED_DOCUMENTS, asset_keys.CLEAN_DOCUMENTS, asset_keys.RAW_DOCUMENTS] * 3
     )
     assert len({(a.kind, a.id) for a in chain}) == len(chain)  # each once, though two paths reach clean
@@ -39,6 +50,7 @@ def test_upstream_walks_down_to_the_raw_snapshots(serving_bundle_artifact: Bundl
 def test_the_manifest_carries_the_lineage_summary(serving_bundle_artifact: BundledHome) -> None:
     store, bundle = serving_bundle_artifact.store, serving_bundle_artifact.bundle
     model = serving_bundle_artifact.model
+    report = store.get(asset_keys.BENCHMARK_REPORT, bundle.metrics["benchmark_report_id"])
     dataset = store.require_current(asset_keys.DATASET_MANIFEST)
     summary = bundle.manifest["lineage"]
     assert summary == {
@@ -48,9 +60,9 @@ def test_the_manifest_carries_the_lineage_summary(serving_bundle_artifact: Bundl
         "partitions": DEMO_PARTITIONS,
         "raw_documents": sorted(store.require_current(asset_keys.RAW_DOCUMENTS, p).id for p in DEMO_PARTITIONS),
         "raw_source_files": 5,
-        "artifacts": 12,  # the model, dataset, tokenizer, and 3 x (tokenized, clean, raw)
+        "artifacts": 13,  # the report, model, dataset, tokenizer, and 3 x (tokenized, clean, raw)
     }
-    assert lineage_summary(store, model) == summary
+    assert lineage_summary(store, report) == summary
 
 
 def test_a_missing_upstream_artifact_is_named(serving_bundle_artifact: BundledHome, copy_bundled_home) -> None:

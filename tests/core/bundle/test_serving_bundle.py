@@ -8,13 +8,16 @@ from pathlib import Path
 
 import pytest
 
+from aieng_core.benchmark.benchmark_report import REPORT_FILE, build_benchmark_report
 from aieng_core.bundle.serving_bundle import (
+    BENCHMARK_FILE,
     BUNDLE_FILES,
     CODE_VERSION,
     GOLDEN_FILE,
     KIND,
     MODEL_FILES,
     SERVING_FILE,
+    BenchmarkReportMismatch,
     PartialModelRefused,
     build_serving_bundle,
     bundle_content_sha256,
@@ -22,23 +25,28 @@ from aieng_core.bundle.serving_bundle import (
 )
 from aieng_core.hashing import sha256_file, sha256_json
 from aieng_core.model.hf_files import CONFIG_FILE, GENERATION_CONFIG_FILE, MODEL_FILE
-from aieng_core.store import Artifact, ArtifactSpec, ArtifactStore, DamagedInput, Produced
+from aieng_core.store import Artifact, ArtifactNotFound, DamagedInput
 from aieng_core.store.artifacts import MANIFEST
 from aieng_core.tokenizer.bpe import TOKENIZER_FILES
-from tests.bundle_fixtures import BundledHome
+from tests.bundle_fixtures import BundledHome, craft_model
 
 
 def with_serving(bundled: BundledHome, **changes):
     return bundled.config.model_copy(update={"serving": bundled.config.serving.model_copy(update=changes)})
 
 
-def test_bundle_holds_the_model_files_serving_json_and_goldens(serving_bundle_artifact: BundledHome) -> None:
+def test_bundle_holds_the_model_files_serving_json_goldens_and_benchmark(
+    serving_bundle_artifact: BundledHome, benchmark_report_artifact: Artifact
+) -> None:
     bundle, model = serving_bundle_artifact.bundle, serving_bundle_artifact.model
     assert MODEL_FILES == (MODEL_FILE, CONFIG_FILE, GENERATION_CONFIG_FILE, *TOKENIZER_FILES)
-    assert sorted(p.name for p in bundle.path.iterdir()) == sorted([*BUNDLE_FILES, MANIFEST])
-    assert set(bundle.manifest["files"]) == set(BUNDLE_FILES)
+    assert BENCHMARK_FILE == REPORT_FILE == "benchmark.json"
+    assert sorted(p.name for p in bundle.path.iterdir()) == sorted([*BUNDLE_FILES, BENCHMARK_FILE, MANIFEST])
+    assert set(bundle.manifest["files"]) == {*BUNDLE_FILES, BENCHMARK_FILE}
     for name in MODEL_FILES:  # byte for byte the model artifact's files
         assert bundle.file(name).read_bytes() == model.file(name).read_bytes(), name
+    assert bundle.file(BENCHMARK_FILE).read_bytes() == benchmark_report_artifact.file(REPORT_FILE).read_bytes()
+    # The content hash is of the served files; benchmark.json is listed (and verified) beside them.
     assert bundle.content_sha256 == bundle_content_sha256({n: sha256_file(bundle.file(n)) for n in BUNDLE_FILES})
     assert bundle.manifest["kind"] == KIND and bundle.manifest["code_version"] == CODE_VERSION
 
@@ -75,15 +83,24 @@ def test_golden_file_records_prompts_threads_and_limits(serving_bundle_artifact:
     assert all(o["max_new_tokens"] == 8 for o in golden["outputs"])
 
 
-def test_manifest_inputs_recipe_and_metrics(serving_bundle_artifact: BundledHome) -> None:
-    bundle, model = serving_bundle_artifact.bundle, serving_bundle_artifact.model
-    assert bundle.manifest["inputs"] == [{"kind": "model_checkpoint", "id": model.id}]
+def test_manifest_inputs_recipe_and_metrics(
+    serving_bundle_artifact: BundledHome, benchmark_report_artifact: Artifact
+) -> None:
+    bundle, model, report = serving_bundle_artifact.bundle, serving_bundle_artifact.model, benchmark_report_artifact
+    assert bundle.manifest["inputs"] == [
+        {"kind": "model_checkpoint", "id": model.id},
+        {"kind": "benchmark_report", "id": report.id},
+    ]
     assert bundle.manifest["config_sha256"] == serving_bundle_artifact.config.section_sha256("serving")
     metrics = bundle.metrics
     assert metrics["model_checkpoint_id"] == model.id
+    # The report's figures ride along as the promotion gate's baseline.
+    assert metrics["benchmark_report_id"] == report.id
+    assert metrics["benchmark"] == report.metrics
+    assert metrics["benchmark"]["model_checkpoint_id"] == model.id
     assert metrics["parameters"] == model.metrics["parameters"]
-    assert (metrics["golden_prompts"], metrics["files"]) == (3, len(BUNDLE_FILES))
-    assert metrics["bytes"] == sum(bundle.file(name).stat().st_size for name in BUNDLE_FILES)
+    assert (metrics["golden_prompts"], metrics["files"]) == (3, len(BUNDLE_FILES) + 1)
+    assert metrics["bytes"] == sum(bundle.file(name).stat().st_size for name in bundle.manifest["files"])
     # fp32 keys and values: 2 layers x 16 slots x 2 kv-heads x (64 + 1 scratch) positions x 16 dims x 4 bytes, x2
     assert metrics["kv_cache_bytes"] == 2 * 2 * 16 * 2 * 65 * 16 * 4
 
@@ -115,24 +132,6 @@ def test_a_serving_config_change_makes_a_new_bundle(
         assert [len(o["token_ids"]) <= 4 for o in golden["outputs"]] == [True] * 3
 
 
-def craft_model(store: ArtifactStore, base: Artifact, name: str, metrics: dict) -> Artifact:
-    """A model_checkpoint artifact with `base`'s files and other metrics, made current."""
-
-    def produce(staging: Path) -> Produced:
-        for path in base.path.iterdir():
-            if path.name != MANIFEST:
-                shutil.copyfile(path, staging / path.name)
-        return Produced(content_sha256=base.content_sha256, metrics=metrics)
-
-    spec = ArtifactSpec(
-        kind=base.kind,
-        code_version=f"crafted-{name}",
-        config_sha256=base.manifest["config_sha256"],
-        inputs=tuple((item["kind"], item["id"]) for item in base.manifest["inputs"]),
-    )
-    return store.build(spec, produce)
-
-
 def test_a_partial_model_is_refused_unless_allowed(serving_bundle_artifact: BundledHome, copy_bundled_home) -> None:
     store = copy_bundled_home(serving_bundle_artifact)
     base = serving_bundle_artifact.model
@@ -150,9 +149,15 @@ def test_a_partial_model_is_refused_unless_allowed(serving_bundle_artifact: Bund
     assert isinstance(refused.value, ValueError)  # the CLI prints it as one line
     assert store.list_ids(KIND) == [serving_bundle_artifact.bundle.id]  # nothing new was written
 
-    allowed = build_serving_bundle(store, with_serving(serving_bundle_artifact, allow_partial_model=True))
-    assert allowed.manifest["inputs"] == [{"kind": "model_checkpoint", "id": partial.id}]
+    allowed_config = with_serving(serving_bundle_artifact, allow_partial_model=True)
+    report = build_benchmark_report(store, allowed_config)  # the partial model's own report
+    allowed = build_serving_bundle(store, allowed_config)
+    assert allowed.manifest["inputs"] == [
+        {"kind": "model_checkpoint", "id": partial.id},
+        {"kind": "benchmark_report", "id": report.id},
+    ]
     assert allowed.metrics["model_checkpoint_id"] == partial.id
+    assert report.metrics["model_checkpoint_id"] == partial.id
 
 
 def test_a_damaged_model_is_not_bundled(serving_bundle_artifact: BundledHome, copy_bundled_home) -> None:
@@ -167,8 +172,8 @@ def test_a_damaged_model_is_not_bundled(serving_bundle_artifact: BundledHome, co
     assert store.list_ids(KIND) == [serving_bundle_artifact.bundle.id]
 
 
-def test_produce_bundle_files_needs_only_the_model_directory(
-    serving_bundle_artifact: BundledHome, tmp_path: Path
+def test_produce_bundle_files_needs_only_the_artifacts_directories(
+    serving_bundle_artifact: BundledHome, benchmark_report_artifact: Artifact, tmp_path: Path
 ) -> None:
     """The serving benchmark bundles a model artifact of its own, outside any store."""
     model = serving_bundle_artifact.model
@@ -183,13 +188,24 @@ def test_produce_bundle_files_needs_only_the_model_directory(
         Artifact("model_checkpoint", model.id, alone, manifest),
         serving_bundle_artifact.config.serving,
         threads,
+        benchmark_report_artifact,
     )
-    assert sorted(p.name for p in staging.iterdir()) == sorted(BUNDLE_FILES)
+    assert sorted(p.name for p in staging.iterdir()) == sorted([*BUNDLE_FILES, BENCHMARK_FILE])
     bundle = serving_bundle_artifact.bundle
-    for name in BUNDLE_FILES:
+    for name in [*BUNDLE_FILES, BENCHMARK_FILE]:
         assert (staging / name).read_bytes() == bundle.file(name).read_bytes(), name
     assert produced.content_sha256 == bundle.content_sha256
     assert produced.metrics == bundle.metrics
+
+    # Without a report (the serving benchmark's bundles): the served files only, the same content hash.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    produced = produce_bundle_files(
+        bare, Artifact("model_checkpoint", model.id, alone, manifest), serving_bundle_artifact.config.serving, threads
+    )
+    assert sorted(p.name for p in bare.iterdir()) == sorted(BUNDLE_FILES)
+    assert produced.content_sha256 == bundle.content_sha256
+    assert "benchmark" not in produced.metrics and produced.metrics["files"] == len(BUNDLE_FILES)
 
 
 def test_a_context_beyond_the_model_is_refused(serving_bundle_artifact: BundledHome, tmp_path: Path) -> None:
@@ -201,3 +217,66 @@ def test_a_context_beyond_the_model_is_refused(serving_bundle_artifact: BundledH
 def test_content_hash_is_of_the_file_hashes(serving_bundle_artifact: BundledHome) -> None:
     files = serving_bundle_artifact.bundle.manifest["files"]
     assert bundle_content_sha256(files) == sha256_json(files)
+
+
+def test_a_report_of_another_model_is_refused_naming_both(
+    serving_bundle_artifact: BundledHome, copy_bundled_home, tmp_path: Path
+) -> None:
+    store = copy_bundled_home(serving_bundle_artifact)
+    base = serving_bundle_artifact.model
+    other = craft_model(store, base, "other", base.metrics)  # now the current model; the report is base's
+    report = store.require_current("benchmark_report")
+    with pytest.raises(BenchmarkReportMismatch) as refused:
+        build_serving_bundle(store, serving_bundle_artifact.config)
+    assert str(refused.value) == (
+        f"benchmark_report {report.id} measured model_checkpoint {base.id}, not {other.id}, the model this bundle "
+        "would pack: a bundle carries the report of its own model. Materialize benchmark_report for it first "
+        "(`dagster asset materialize -m orchestration.definitions --select benchmark_report`), then retry"
+    )
+    assert isinstance(refused.value, ValueError)  # the CLI prints it as one line
+    assert store.list_ids(KIND) == [serving_bundle_artifact.bundle.id]  # nothing new was written
+    # produce_bundle_files refuses it too, whoever calls it.
+    with pytest.raises(BenchmarkReportMismatch):
+        produce_bundle_files(tmp_path, other, serving_bundle_artifact.config.serving, 1, report)
+    assert list(tmp_path.glob("*.json")) == []  # refused before anything was written
+
+
+def test_without_a_benchmark_report_the_bundle_says_how_to_make_one(
+    serving_bundle_artifact: BundledHome, copy_bundled_home
+) -> None:
+    store = copy_bundled_home(serving_bundle_artifact)
+    shutil.rmtree(store.refs / "benchmark_report")
+    with pytest.raises(ArtifactNotFound) as missing:
+        build_serving_bundle(store, with_serving(serving_bundle_artifact, max_batch=4))
+    assert str(missing.value) == (
+        "benchmark_report has not been materialized yet: a bundle carries its model's benchmark report. Materialize "
+        "it first (`dagster asset materialize -m orchestration.definitions --select benchmark_report`), then retry"
+    )
+    assert store.list_ids(KIND) == [serving_bundle_artifact.bundle.id]
+
+
+def test_a_damaged_report_is_not_bundled(serving_bundle_artifact: BundledHome, copy_bundled_home) -> None:
+    store = copy_bundled_home(serving_bundle_artifact)
+    report = store.require_current("benchmark_report").file(REPORT_FILE)
+    report.write_text(report.read_text(encoding="utf-8").replace('"truncated": false', '"truncated": true'))
+    with pytest.raises(DamagedInput) as damaged:
+        build_serving_bundle(store, with_serving(serving_bundle_artifact, max_batch=4))
+    assert f"{report}: sha256 does not match the manifest" in str(damaged.value)
+    assert store.list_ids(KIND) == [serving_bundle_artifact.bundle.id]
+
+
+def test_a_new_measurement_under_the_same_report_id_makes_another_bundle(
+    serving_bundle_artifact: BundledHome, copy_bundled_home
+) -> None:
+    """A report measured again (its artifact removed) keeps its id but not its figures: the bundle
+    carrying the new figures is another bundle."""
+    store = copy_bundled_home(serving_bundle_artifact)
+    old = store.require_current("benchmark_report")
+    shutil.rmtree(old.path)
+    again = build_benchmark_report(store, serving_bundle_artifact.config)
+    assert (again.id, again.reused) == (old.id, False)
+    assert again.content_sha256 != old.content_sha256  # timings differ from run to run
+    bundle = build_serving_bundle(store, serving_bundle_artifact.config)
+    assert bundle.id != serving_bundle_artifact.bundle.id
+    assert bundle.content_sha256 == serving_bundle_artifact.bundle.content_sha256  # the same served files
+    assert bundle.file(BENCHMARK_FILE).read_bytes() == again.file(REPORT_FILE).read_bytes()

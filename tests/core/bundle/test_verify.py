@@ -40,7 +40,7 @@ def test_an_intact_bundle_verifies(serving_bundle_artifact: BundledHome) -> None
         "path": str(bundle.path),
         "ok": True,
         "problems": [],
-        "files_checked": len(BUNDLE_FILES),
+        "files_checked": len(BUNDLE_FILES) + 1,  # and benchmark.json
         "goldens": [
             {"prompt": g["prompt"], "ok": True, "expected_text": g["text"], "got_text": g["text"]} for g in golden
         ],
@@ -61,7 +61,9 @@ def test_load_bundle_gives_a_working_engine(serving_bundle_artifact: BundledHome
     assert [list(o.token_ids) for o in outputs] == [g["token_ids"] for g in loaded.golden]
 
 
-@pytest.mark.parametrize("name", ["model.safetensors", "tokenizer.json", "serving.json", "config.json", "golden.json"])
+@pytest.mark.parametrize(
+    "name", ["model.safetensors", "tokenizer.json", "serving.json", "config.json", "golden.json", "benchmark.json"]
+)
 def test_one_changed_byte_is_named(serving_bundle_artifact: BundledHome, copy_bundle, name: str) -> None:
     path = copy_bundle(serving_bundle_artifact.bundle)
     flip_one_byte(path / name, at=len((path / name).read_bytes()) // 2)

@@ -1,0 +1,345 @@
+"""benchmark_report: how good, how fast and how big the current model is, measured.
+
+Quality: validation loss measured again through the stored weights on the dataset manifest's
+validation windows (those training evaluated), against the unigram baseline, and greedy
+continuations of the golden prompts through the serving engine. Speed: tokens/s through our
+engine at each configured batch size, with transformers `generate` on the same weights,
+prompts and lengths beside it; latency (TTFT, TPOT, ITL, E2EL) against the requests kept in
+flight through the threaded engine loop. Memory: this process's peak RSS against the budget
+rule. When production serves a bundle, its model runs the same throughput measurements,
+alternated with the candidate's. Everything runs on CPU, in process.
+
+The artifact holds benchmark.json (every figure), throughput.png and latency.png. Its id
+is the recipe's (model, dataset, the benchmark, serving and training sections, code version):
+timings are measurements, not recipe, so the same recipe is reused as it was measured.
+Measuring stops once `benchmark.max_seconds` has run out; such a report says what it lacks
+(`truncated`, `truncated_reason`, `skipped`) and is published under an id of its own, so it
+never takes the complete report's id and the next materialization measures again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from aieng_core import asset_keys
+from aieng_core.benchmark.budget import TimeBudget
+from aieng_core.benchmark.summary import summary_metrics
+from aieng_core.config import AiengConfig
+from aieng_core.hashing import sha256_file, sha256_json
+from aieng_core.store import Artifact, ArtifactIntegrityError, ArtifactSpec, ArtifactStore, Produced, RunInfo
+
+# torch, transformers and matplotlib are imported inside the functions: the Dagster code
+# location imports this module to define the asset, and loading the location must stay light.
+
+KIND = asset_keys.BENCHMARK_REPORT
+CODE_VERSION = "benchmark_report-v1"
+MODEL_KIND = asset_keys.MODEL_CHECKPOINT
+DATASET_KIND = asset_keys.DATASET_MANIFEST
+REPORT_FILE = "benchmark.json"
+THROUGHPUT_PLOT = "throughput.png"
+LATENCY_PLOT = "latency.png"
+REPORT_FILES = (REPORT_FILE, THROUGHPUT_PLOT, LATENCY_PLOT)
+DEVICE = "cpu"
+
+log = logging.getLogger("aieng.benchmark")
+
+
+class _Truncated(Exception):
+    """Raised out of the complete recipe's build, so a truncated report never takes its id."""
+
+    def __init__(self, report: dict[str, Any]) -> None:
+        super().__init__(report["truncated_reason"])
+        self.report = report
+
+
+def engine_limits(config: AiengConfig) -> dict[str, int]:
+    """The engine the report measures: the served context and prefill limit, with a slot for
+    every sequence of the largest batch or concurrency level."""
+    bench = config.benchmark
+    largest = max((*bench.batch_sizes, *bench.concurrencies))
+    limits = {
+        "max_batch": largest,
+        "max_context": config.serving.max_context,
+        "max_waiting": max(largest, len(config.serving.golden_prompts)),
+        "max_prefill_tokens": config.serving.max_prefill_tokens,
+    }
+    if bench.prompt_tokens + bench.new_tokens > limits["max_context"]:
+        raise ValueError(
+            f"benchmark.prompt_tokens ({bench.prompt_tokens}) + benchmark.new_tokens ({bench.new_tokens}) exceeds "
+            f"serving.max_context ({limits['max_context']})"
+        )
+    return limits
+
+
+def dataset_of(store: ArtifactStore, model: Artifact) -> Artifact:
+    """The dataset_manifest the model was trained on (its manifest's input), verified."""
+    ids = [item["id"] for item in model.manifest.get("inputs", []) if item.get("kind") == DATASET_KIND]
+    if len(ids) != 1:
+        raise ArtifactIntegrityError(
+            f"{MODEL_KIND} {model.id} names {len(ids)} {DATASET_KIND} inputs in its manifest, not one"
+        )
+    return store.check_input(store.get(DATASET_KIND, ids[0]))
+
+
+def report_spec(config: AiengConfig, model: Artifact, dataset: Artifact) -> ArtifactSpec:
+    return ArtifactSpec(
+        kind=KIND,
+        code_version=CODE_VERSION,
+        # benchmark: what is measured; serving: the engine limits and golden prompts; training:
+        # the validation windows (block_size, batch_size, eval_batches).
+        config_sha256=config.section_sha256("benchmark", "serving", "training"),
+        inputs=((MODEL_KIND, model.id), (DATASET_KIND, dataset.id)),
+        recipe={"device": DEVICE},
+    )
+
+
+def build_benchmark_report(
+    store: ArtifactStore,
+    config: AiengConfig,
+    run: RunInfo = RunInfo(),
+    logger: Any = log,
+    clock: Callable[[], float] = time.monotonic,
+) -> Artifact:
+    """Measure (or reuse the report of) the current model checkpoint; `clock` (seconds) is what
+    `benchmark.max_seconds` is measured on."""
+    model = store.check_input(store.require_current(MODEL_KIND))
+    dataset = dataset_of(store, model)
+    engine_limits(config)  # a benchmark that cannot fit the engine stops before anything is loaded
+    spec = report_spec(config, model, dataset)
+
+    def produce(staging: Path) -> Produced:
+        report = measure(store, config, model, dataset, logger, clock)
+        if report["truncated"]:
+            raise _Truncated(report)
+        return write_report(staging, report)
+
+    try:
+        artifact = store.build(spec, produce, run, logger)
+    except _Truncated as stopped:
+        report = stopped.report
+        truncated = replace(spec, recipe={**spec.recipe, "truncated": True})
+        artifact = store.build(truncated, lambda staging: write_report(staging, report), run, logger)
+        logger.warning(
+            f"{KIND}: truncated: {report['truncated_reason']}; published as {artifact.id} (a complete "
+            f"report would be {spec.artifact_id()}: raise benchmark.max_seconds, or materialize again)"
+        )
+        return artifact
+    verb = "reused" if artifact.reused else "measured"
+    logger.info(f"{KIND}: {verb} {artifact.id} for {MODEL_KIND} {model.id} ({artifact.metrics['seconds']:.1f} s)")
+    return artifact
+
+
+def read_report(artifact: Artifact) -> dict[str, Any]:
+    return json.loads(artifact.file(REPORT_FILE).read_text(encoding="utf-8"))
+
+
+def write_report(staging: Path, report: dict[str, Any]) -> Produced:
+    from aieng_core.benchmark.plots import latency_png, throughput_png
+
+    text = json.dumps(report, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False)
+    (staging / REPORT_FILE).write_text(text + "\n", encoding="utf-8")
+    (staging / THROUGHPUT_PLOT).write_bytes(throughput_png(report))
+    (staging / LATENCY_PLOT).write_bytes(latency_png(report))
+    content = {name: sha256_file(staging / name) for name in REPORT_FILES}
+    return Produced(content_sha256=sha256_json(content), metrics=summary_metrics(report))
+
+
+def deployed_bundle_path(store: ArtifactStore) -> Path | None:
+    """The bundle production serves, or None when nothing is deployed."""
+    from aieng_core.deploy.deployments import Deployments
+
+    return Deployments(store.home, store=store).current_bundle_path()
+
+
+def measure(
+    store: ArtifactStore,
+    config: AiengConfig,
+    model_artifact: Artifact,
+    dataset: Artifact,
+    logger: Any = log,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict[str, Any]:
+    """Every figure of the report (benchmark.json's content), within benchmark.max_seconds."""
+    import torch
+
+    from aieng_core.benchmark import speed
+    from aieng_core.benchmark.latency import DEFINITIONS, latency_level
+    from aieng_core.benchmark.memory_use import memory_figures
+    from aieng_core.benchmark.quality import validation_quality
+    from aieng_core.bundle.golden import record_goldens, torch_threads
+    from aieng_core.model.hf_files import load_model
+    from aieng_core.serving.engine import Engine, EngineLimits
+    from aieng_core.tokenizer.bpe import load_tokenizer
+
+    started = time.perf_counter()
+    bench, serving = config.benchmark, config.serving
+    budget = TimeBudget(bench.max_seconds, clock)
+    limits = engine_limits(config)
+    threads = bench.threads or torch.get_num_threads()
+    deployed_path = deployed_bundle_path(store)  # a damaged pointer stops the report before it measures
+    transformers_version: str | None = None
+
+    with torch_threads(threads):
+        model = load_model(model_artifact, DEVICE)
+        parameters = model.num_parameters()
+        quality = None
+        if budget.allows("validation loss"):
+            quality = validation_quality(model, dataset, config.training, model_artifact.metrics)
+            logger.info(
+                f"{KIND}: validation loss {quality['validation_loss']:.4f} vs unigram baseline "
+                f"{quality['unigram_baseline_loss']:.4f} nats/token"
+            )
+        tokenizer = load_tokenizer(model_artifact.path)
+        eos = model.config.eos_token_id
+        engine = Engine(model, tokenizer, EngineLimits(**limits), eos)
+        golden = None
+        if budget.allows("golden continuations"):
+            golden = record_goldens(engine, serving.golden_prompts, serving.golden_max_new_tokens)
+
+        ours = speed.engine_generate(engine)
+        hf_generate: speed.Generate | None = None
+        throughput = []
+        for size in bench.batch_sizes:
+            if not budget.allows(f"throughput at batch {size}"):
+                continue
+            prompts = speed.benchmark_prompts(engine.encode, eos, size, bench.prompt_tokens)
+            peers = {"ours": (ours, prompts)}
+            if bench.compare_transformers:
+                if hf_generate is None:
+                    import transformers
+
+                    transformers_version = transformers.__version__
+                    hf_model = speed.load_transformers_model(model_artifact.path)
+                    hf_generate = speed.transformers_generate(hf_model, model.config.pad_token_id)
+                peers["transformers"] = (hf_generate, prompts)
+            figures, outputs = speed.side_by_side(peers, bench.new_tokens)
+            theirs = figures.get("transformers")
+            throughput.append(
+                {
+                    "batch_size": size,
+                    "ours": figures["ours"],
+                    "transformers": theirs,
+                    "ratio_vs_transformers": (
+                        figures["ours"]["tokens_per_second"] / theirs["tokens_per_second"] if theirs else None
+                    ),
+                    "matching_outputs": speed.matching(outputs["ours"], outputs["transformers"]) if theirs else None,
+                }
+            )
+            logger.info(
+                f"{KIND}: batch {size}: {figures['ours']['tokens_per_second']:,.0f} tok/s"
+                + (f" vs transformers {theirs['tokens_per_second']:,.0f} tok/s" if theirs else "")
+            )
+
+        latency = []
+        for concurrency in bench.concurrencies:
+            if not budget.allows(f"latency at concurrency {concurrency}"):
+                continue
+            prompts = speed.benchmark_prompts(engine.encode, eos, bench.requests_per_level, bench.prompt_tokens)
+            ours(prompts[:concurrency], speed.WARMUP_NEW_TOKENS)
+            level = latency_level(engine, prompts, bench.new_tokens, concurrency, bench.max_seconds)
+            latency.append(level)
+            logger.info(
+                f"{KIND}: {concurrency} in flight: TTFT P99 {level['ttft_ms']['p99']:.1f} ms, "
+                f"TPOT P99 {level['tpot_ms']['p99']:.1f} ms"
+            )
+
+        deployed = None
+        if deployed_path is not None:
+            deployed = _measure_deployed(deployed_path, model_artifact.id, limits, bench, engine, budget, logger)
+
+        memory = memory_figures(parameters)
+
+    return {
+        "model_checkpoint_id": model_artifact.id,
+        "model_partial": bool(model_artifact.metrics.get("partial")),
+        "parameters": parameters,
+        "environment": {
+            "device": DEVICE,
+            "threads": threads,
+            "torch": torch.__version__,
+            "transformers": transformers_version,
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            "cpu_count": os.cpu_count(),
+        },
+        "settings": {
+            **bench.model_dump(mode="json"),
+            "repeats": speed.REPEATS,
+            "warmup_new_tokens": speed.WARMUP_NEW_TOKENS,
+            "engine_limits": limits,
+        },
+        "quality": quality,
+        "golden": golden,
+        "throughput": throughput,
+        "latency": latency,
+        "latency_definitions": DEFINITIONS,
+        "deployed": deployed,
+        "memory": memory,
+        "truncated": budget.truncated,
+        "truncated_reason": budget.reason(),
+        "skipped": budget.skipped,
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def _measure_deployed(
+    path: Path,
+    candidate_model_id: str,
+    limits: dict[str, int],
+    bench: Any,
+    candidate: Any,
+    budget: TimeBudget,
+    logger: Any,
+) -> dict[str, Any]:
+    """The deployed bundle's model through our engine, alternated with the candidate's, at each batch size."""
+    from aieng_core.benchmark import speed
+    from aieng_core.bundle.verify import load_bundle
+    from aieng_core.serving.engine import Engine, EngineLimits
+
+    manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+    model_ids = [item["id"] for item in manifest.get("inputs", []) if item.get("kind") == MODEL_KIND]
+    deployed_model_id = model_ids[0] if model_ids else None
+    result: dict[str, Any] = {
+        "bundle_id": path.name,  # the store's directory name is the id (Deployments checked it)
+        "model_checkpoint_id": deployed_model_id,
+        "same_model": deployed_model_id == candidate_model_id,
+        "throughput": [],
+    }
+    engine = None
+    for size in bench.batch_sizes:
+        if not budget.allows(f"deployed throughput at batch {size}"):
+            continue
+        if engine is None:
+            loaded = load_bundle(path, DEVICE, check_goldens=False)  # files re-hashed; goldens are the gate's
+            context = min(limits["max_context"], loaded.model.config.max_position_embeddings)
+            if bench.prompt_tokens + bench.new_tokens > context:
+                raise ValueError(
+                    f"the deployed bundle {loaded.bundle_id} has a context of {context} tokens, too short for "
+                    f"benchmark.prompt_tokens + benchmark.new_tokens ({bench.prompt_tokens + bench.new_tokens})"
+                )
+            engine = Engine(
+                loaded.model, loaded.tokenizer, EngineLimits(**{**limits, "max_context": context}), loaded.eos_token_id
+            )
+        peers = {
+            "candidate": (
+                speed.engine_generate(candidate),
+                speed.benchmark_prompts(candidate.encode, candidate.eos_token_id, size, bench.prompt_tokens),
+            ),
+            "deployed": (
+                speed.engine_generate(engine),
+                speed.benchmark_prompts(engine.encode, engine.eos_token_id, size, bench.prompt_tokens),
+            ),
+        }
+        figures, _ = speed.side_by_side(peers, bench.new_tokens)
+        ratio = figures["candidate"]["tokens_per_second"] / figures["deployed"]["tokens_per_second"]
+        result["throughput"].append({"batch_size": size, **figures, "ratio_vs_deployed": ratio})
+        logger.info(f"{KIND}: batch {size}: candidate / deployed {result['bundle_id']} = {ratio:.2f}")
+    return result

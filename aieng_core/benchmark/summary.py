@@ -1,0 +1,105 @@
+"""The report's figures in two flat forms: the manifest metrics (the serving bundle carries
+them as the promotion gate's baseline) and a markdown table for the Dagster UI."""
+
+from __future__ import annotations
+
+from typing import Any
+
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+PERCENTILES = ("p50", "p99")
+
+
+def summary_metrics(report: dict[str, Any]) -> dict[str, Any]:
+    """One flat mapping of the headline figures; a figure that was not measured is absent."""
+    metrics: dict[str, Any] = {
+        "model_checkpoint_id": report["model_checkpoint_id"],
+        "parameters": report["parameters"],
+        "threads": report["environment"]["threads"],
+        "seconds": report["seconds"],
+        "truncated": report["truncated"],
+        "truncated_reason": report["truncated_reason"],
+    }
+    quality = report["quality"]
+    if quality is not None:
+        for name in (
+            "validation_loss",
+            "validation_perplexity",
+            "unigram_baseline_loss",
+            "unigram_baseline_perplexity",
+            "perplexity_vs_unigram",
+            "beats_unigram",
+        ):
+            metrics[name] = quality[name]
+    for row in report["throughput"]:
+        size = row["batch_size"]
+        metrics[f"tokens_per_second_batch_{size}"] = row["ours"]["tokens_per_second"]
+        if row["transformers"] is not None:
+            metrics[f"transformers_tokens_per_second_batch_{size}"] = row["transformers"]["tokens_per_second"]
+            metrics[f"ratio_vs_transformers_batch_{size}"] = row["ratio_vs_transformers"]
+    for level in report["latency"]:
+        for name in LATENCY_METRICS:
+            for percentile in PERCENTILES:
+                metrics[f"{name}_{percentile}_ms_concurrency_{level['concurrency']}"] = level[f"{name}_ms"][percentile]
+    memory = report["memory"]
+    metrics["peak_rss_bytes"] = memory["peak_rss_bytes"]
+    metrics["memory_budget_bytes"] = memory["budget_bytes"]
+    metrics["within_memory_budget"] = memory["within_budget"]
+    deployed = report["deployed"]
+    metrics["deployed_bundle_id"] = deployed["bundle_id"] if deployed else None
+    for row in deployed["throughput"] if deployed else []:
+        metrics[f"deployed_tokens_per_second_batch_{row['batch_size']}"] = row["deployed"]["tokens_per_second"]
+        metrics[f"ratio_vs_deployed_batch_{row['batch_size']}"] = row["ratio_vs_deployed"]
+    return metrics
+
+
+def _number(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:,.{digits}f}"
+
+
+def figures_markdown(report: dict[str, Any]) -> str:
+    """The figures as markdown: quality, throughput side by side, latency by concurrency, memory."""
+    lines: list[str] = []
+    if report["truncated"]:
+        lines += [f"**truncated**: {report['truncated_reason']}", ""]
+    quality = report["quality"]
+    if quality is not None:
+        lines += [
+            "| validation loss | perplexity | unigram baseline loss | unigram perplexity | recorded at training |",
+            "|---|---|---|---|---|",
+            f"| {quality['validation_loss']:.4f} | {quality['validation_perplexity']:.2f} | "
+            f"{quality['unigram_baseline_loss']:.4f} | {quality['unigram_baseline_perplexity']:.2f} | "
+            f"{_number(quality['recorded_validation_loss'], 4)} |",
+            "",
+        ]
+    deployed = {row["batch_size"]: row for row in (report["deployed"] or {}).get("throughput", [])}
+    if report["throughput"] or deployed:
+        lines += [
+            "| batch | ours tok/s | transformers tok/s | ours / transformers | deployed tok/s | candidate / deployed |",
+            "|---|---|---|---|---|---|",
+        ]
+        ours = {row["batch_size"]: row for row in report["throughput"]}
+        for size in sorted(set(ours) | set(deployed)):
+            row, other = ours.get(size), deployed.get(size)
+            theirs = row["transformers"] if row else None
+            lines.append(
+                f"| {size} | {_number(row['ours']['tokens_per_second']) if row else 'n/a'} | "
+                f"{_number(theirs['tokens_per_second']) if theirs else 'n/a'} | "
+                f"{_number(row['ratio_vs_transformers'], 2) if row else 'n/a'} | "
+                f"{_number(other['deployed']['tokens_per_second']) if other else 'n/a'} | "
+                f"{_number(other['ratio_vs_deployed'], 2) if other else 'n/a'} |"
+            )
+        lines.append("")
+    if report["latency"]:
+        header = " | ".join(f"{name.upper()} {p.upper()}" for name in LATENCY_METRICS for p in PERCENTILES)
+        lines += [f"| in flight | {header} | tok/s |", "|---" * (2 + len(LATENCY_METRICS) * len(PERCENTILES)) + "|"]
+        for level in report["latency"]:
+            cells = " | ".join(_number(level[f"{name}_ms"][p], 2) for name in LATENCY_METRICS for p in PERCENTILES)
+            lines.append(f"| {level['concurrency']} | {cells} | {_number(level['output_throughput'])} |")
+        lines += ["", "latency in ms, measured in process through the threaded engine loop", ""]
+    memory = report["memory"]
+    verdict = "within" if memory["within_budget"] else "**over**"
+    lines.append(
+        f"peak RSS {memory['peak_rss_bytes'] / 2**20:,.0f} MiB, {verdict} the budget of "
+        f"{memory['budget_bytes'] / 2**30:.2f} GiB ({memory['rule']}); report measured in {report['seconds']:.1f} s"
+    )
+    return "\n".join(lines)

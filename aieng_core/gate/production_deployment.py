@@ -1,0 +1,205 @@
+"""production_deployment: the promotion gate. A serving bundle reaches production only through it.
+
+run_gate runs five steps in order, records each one's figures, and stops at the first
+failure (GateFailed names the step, the figure, the value and the limit):
+
+1. verify  (verify_step.py): integrity and golden outputs, inside the gate;
+2. warmup  (warmup.py): load on the serving device, cold vs warm first request, peak memory
+   against the budget rule, CUDA graph capture said honestly;
+3. stress  (stress.py): a real `aieng serve` under closed-loop and Poisson load, SLOs,
+   goodput, and no regression against the deployed bundle's gate figures;
+4. drill   (drill.py): promote, roll back and promote again on the drill pointer under
+   traffic, goldens checked after each switch, time to rollback measured;
+5. promote: Deployments(home).promote (the atomic switch and its append-only history line),
+   with every step's figures and the Dagster run id in the event.
+
+A failed gate leaves production as it was (still serving). Every run's report, passed or
+failed, is written to $AIENG_HOME/deployments/gate-reports/ (report.py), beside a folder with
+the config the gate's servers ran with and their logs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
+
+from aieng_core import asset_keys
+from aieng_core.bundle.serving_bundle import KIND as BUNDLE_KIND
+from aieng_core.config import AiengConfig
+from aieng_core.deploy.deployments import DeploymentError, Deployments, default_actor
+from aieng_core.gate.drill import drill_step
+from aieng_core.gate.report import (
+    GateFailed,
+    GateReport,
+    StepResult,
+    now_iso,
+    plain,
+    report_name,
+    reports_dir,
+    write_report,
+)
+from aieng_core.gate.server_env import write_config
+from aieng_core.gate.stress import stress_step
+from aieng_core.gate.verify_step import verify_step
+from aieng_core.gate.warmup import warmup_step
+
+KIND = asset_keys.PRODUCTION_DEPLOYMENT
+CODE_VERSION = "production_deployment-v1"
+PROMOTE_REASON = "gate passed"
+
+log = logging.getLogger("aieng.gate")
+
+
+def _headline(name: str, figures: dict[str, Any]) -> str:
+    """One line of what a step found, for the run's log."""
+    if name == "verify":
+        return f"{figures['files_checked']} files, {figures['goldens_matching']}/{figures['goldens_replayed']} goldens"
+    if name == "warmup":
+        return (
+            f"{figures['device']}: first request {figures['cold_first_request_ms']:.1f} ms cold, "
+            f"{figures['warm_first_request_ms']:.1f} ms warm; peak memory {figures['peak_memory_bytes'] / 2**20:.0f} "
+            f"MiB of a {figures['memory_budget_bytes'] / 2**30:.2f} GiB budget"
+        )
+    if name == "stress":
+        levels = ", ".join(
+            f"{level}: P99 TTFT {values['ttft_ms']['p99']:.1f} ms, {values['output_throughput']:.0f} tok/s"
+            for level, values in figures["levels"].items()
+        )
+        return f"{levels}; {figures['regression']['note']}"
+    if name == "drill":
+        traffic = figures["traffic"]
+        return (
+            f"pickup {figures['pickup_seconds']:.2f} s, time to rollback {figures['time_to_rollback_seconds']:.2f} s, "
+            f"{traffic['ok']} requests ok, {traffic['failed_requests']} failed"
+        )
+    return ""
+
+
+def run_gate(
+    home: Path | str,
+    config: AiengConfig,
+    bundle_id: str,
+    run_id: str | None = None,
+    actor: str | None = None,
+    logger: Any = log,
+) -> GateReport:
+    """Gate `bundle_id` (a serving_bundle in the store of `home`) and promote it on production
+    when every step passes. Raises GateFailed (production untouched; `.report` holds the
+    figures and where they were written), or DeploymentError when production already serves
+    the bundle (nothing to gate)."""
+    home = Path(home)
+    production = Deployments(home)
+    artifact = production.store.get(BUNDLE_KIND, bundle_id)
+    current = production.current()
+    if current["bundle_id"] == bundle_id:
+        raise DeploymentError(
+            f"{BUNDLE_KIND} {bundle_id} is already what production serves (sequence {current['sequence']}); "
+            "nothing to gate"
+        )
+    actor = actor or default_actor()
+    report = GateReport(
+        bundle_id=bundle_id,
+        bundle_path=str(artifact.path),
+        run_id=run_id,
+        actor=actor,
+        started_at=now_iso(),
+        production_before={"bundle_id": current["bundle_id"], "sequence": current["sequence"]},
+    )
+    work_dir = reports_dir(home) / report_name(bundle_id, report.started_at, run_id)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    config_path = write_config(config, work_dir / "config.yaml")
+    write_report(home, report)  # a gate in progress is findable too
+    logger.info(f"gate {bundle_id}: started (production serves {current['bundle_id'] or 'nothing'}); {report.path}")
+
+    steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+        ("verify", lambda: verify_step(artifact.path, bundle_id)),
+        ("warmup", lambda: warmup_step(artifact.path, config)),
+        ("stress", lambda: stress_step(home, artifact.path, config, config_path, work_dir, production)),
+        ("drill", lambda: drill_step(home, bundle_id, config, config_path, work_dir, actor, run_id)),
+    ]
+    for name, run in steps:
+        started = time.perf_counter()
+        try:
+            figures = run()
+        except GateFailed as exc:
+            _fail(home, report, exc, started, logger)
+        except Exception as exc:
+            failure = GateFailed(name, "error", f"{type(exc).__name__}: {exc}")
+            _fail(home, report, failure, started, logger, cause=exc)
+        report.steps.append(StepResult(name, True, time.perf_counter() - started, plain(figures)))
+        write_report(home, report)
+        try:
+            headline = _headline(name, figures)
+        except (KeyError, TypeError, ValueError):  # a log line never fails a gate
+            headline = "see the report"
+        logger.info(f"gate {bundle_id}: {name} passed in {report.steps[-1].seconds:.1f} s: {headline}")
+
+    started = time.perf_counter()
+    now = production.current()
+    if now["sequence"] != current["sequence"]:
+        _fail(
+            home,
+            report,
+            GateFailed(
+                "promote",
+                "production_sequence",
+                f"production changed while the gate ran (now {now['bundle_id']}); the candidate was compared with "
+                "and drilled against another bundle: run the gate again",
+                value=now["sequence"],
+                limit=current["sequence"],
+            ),
+            started,
+            logger,
+        )
+    figures = {
+        **report.figures(),
+        "gate": {
+            "code_version": CODE_VERSION,
+            "report": report.path,
+            "config_sha256": config.section_sha256("serving", "gate"),
+            "step_seconds": {step.name: step.seconds for step in report.steps},
+        },
+    }
+    try:
+        event = production.promote(
+            bundle_id, actor=actor, reason=PROMOTE_REASON, figures=plain(figures), dagster_run_id=run_id
+        )
+    except DeploymentError as exc:
+        _fail(home, report, GateFailed("promote", "promote", str(exc)), started, logger)
+    report.steps.append(
+        StepResult(
+            "promote",
+            True,
+            time.perf_counter() - started,
+            {"sequence": event["sequence"], "from": event["from"], "to": event["to"], "time": event["time"]},
+        )
+    )
+    report.event = event
+    report.passed = True
+    report.finished_at = now_iso()
+    write_report(home, report)
+    logger.info(
+        f"gate {bundle_id}: passed; production now serves it (sequence {event['sequence']}, was {event['from']})"
+    )
+    return report
+
+
+def _fail(
+    home: Path,
+    report: GateReport,
+    failure: GateFailed,
+    started: float,
+    logger: Any,
+    cause: BaseException | None = None,
+) -> NoReturn:
+    """Record the failed step, write the report, raise `failure` (never returns)."""
+    report.steps.append(StepResult(failure.step, False, time.perf_counter() - started, plain(failure.figures)))
+    report.failure = failure.as_dict()
+    report.finished_at = now_iso()
+    write_report(home, report)
+    failure.report = report
+    logger.error(f"gate {report.bundle_id}: {failure} (report: {report.path}); production unchanged")
+    raise failure from cause

@@ -1,0 +1,102 @@
+"""The candidate's stress figures against those of the bundle production serves now.
+
+The baseline is read from the production history event that promoted the deployed bundle
+(its `figures`, written by the gate that let it in). At each load level both gates measured,
+the candidate may be at most `max_regression` worse: output tokens/s lower, or P99 TTFT or
+P99 E2EL higher, by more than that fraction. On a first deployment, or when the deployed
+bundle was promoted without gate figures (by hand), nothing is compared, and the figures say
+why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# (figure, path inside a level's figures, whether higher is better)
+COMPARED = (
+    ("output_throughput", ("output_throughput",), True),
+    ("ttft_ms.p99", ("ttft_ms", "p99"), False),
+    ("e2el_ms.p99", ("e2el_ms", "p99"), False),
+)
+
+
+def baseline_event(production: Any) -> dict[str, Any] | None:
+    """The history event that promoted what `production` (a Deployments) serves now, or None
+    when nothing is deployed."""
+    bundle_id = production.current()["bundle_id"]
+    if bundle_id is None:
+        return None
+    for event in reversed(production.history()):
+        if event["action"] == "promote" and event["to"] == bundle_id:
+            return event
+    return None
+
+
+def _figure(level: dict[str, Any], path: tuple[str, ...]) -> float | None:
+    value: Any = level
+    for key in path:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def compare(
+    levels: dict[str, dict[str, Any]],
+    deployed_bundle_id: str | None,
+    event: dict[str, Any] | None,
+    max_regression: float,
+) -> dict[str, Any]:
+    """`{baseline_bundle_id, baseline_sequence, compared, note, max_regression, checks, regressions}`;
+    each check is `{level, figure, candidate, baseline, worse_by, passed}` (worse_by: the
+    fraction by which the candidate is worse, negative when it is better)."""
+    result: dict[str, Any] = {
+        "baseline_bundle_id": deployed_bundle_id,
+        "baseline_sequence": None if event is None else event["sequence"],
+        "max_regression": max_regression,
+        "compared": False,
+        "checks": [],
+        "regressions": [],
+    }
+    if deployed_bundle_id is None:
+        result["note"] = "first deployment: nothing is deployed, so there is nothing to compare with"
+        return result
+    baseline = (((event or {}).get("figures") or {}).get("stress") or {}).get("levels")
+    if not isinstance(baseline, dict) or not baseline:
+        how = "no promote event" if event is None else f"event {event['sequence']} by {event['actor']!r}"
+        result["note"] = (
+            f"no comparison: the deployed bundle {deployed_bundle_id} has no gate stress figures ({how}; "
+            "promoted without the gate)"
+        )
+        return result
+    shared = [name for name in levels if name in baseline]
+    if not shared:
+        result["note"] = (
+            f"no comparison: no load level in common with the gate of {deployed_bundle_id} "
+            f"(it measured {sorted(baseline)}, this gate {sorted(levels)})"
+        )
+        return result
+    for name in shared:
+        for figure, path, higher_is_better in COMPARED:
+            candidate, base = _figure(levels[name], path), _figure(baseline[name], path)
+            if candidate is None or base is None or base <= 0:
+                continue
+            worse_by = (base - candidate) / base if higher_is_better else (candidate - base) / base
+            check = {
+                "level": name,
+                "figure": figure,
+                "candidate": candidate,
+                "baseline": base,
+                "worse_by": worse_by,
+                "passed": worse_by <= max_regression,
+            }
+            result["checks"].append(check)
+            if not check["passed"]:
+                result["regressions"].append(check)
+    result["compared"] = bool(result["checks"])
+    skipped = sorted(set(levels) - set(shared))
+    result["note"] = (
+        f"compared with the gate figures of {deployed_bundle_id} (history event {result['baseline_sequence']}) "
+        f"at {len(shared)} load levels" + (f"; not measured there: {skipped}" if skipped else "")
+    )
+    return result

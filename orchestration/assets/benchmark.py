@@ -1,0 +1,58 @@
+"""benchmark_report: the current model's quality, speed and memory, measured beside its peers."""
+
+import base64
+
+import dagster as dg
+
+from aieng_core.benchmark import benchmark_report as report_core
+from aieng_core.benchmark.summary import figures_markdown
+from aieng_core.store import Artifact
+from orchestration.assets.model import model_checkpoint
+from orchestration.metadata import materialize_one, run_info
+from orchestration.partitions import single_run
+from orchestration.resources import AiengResource
+
+
+def plot_markdown(artifact: Artifact, name: str, title: str) -> dg.MetadataValue:
+    """A PNG of the artifact, inline (a data URI), as the Dagster UI shows images in markdown."""
+    png = base64.b64encode(artifact.file(name).read_bytes()).decode("ascii")
+    return dg.MetadataValue.md(f"![{title}](data:image/png;base64,{png})")
+
+
+def figure_metadata(metrics: dict) -> dict:
+    """The report's headline figures (its manifest metrics) that Dagster can plot over time."""
+    return {
+        name: value
+        for name, value in metrics.items()
+        if isinstance(value, (bool, int, float, str)) and name != "truncated_reason"
+    }
+
+
+@dg.asset(
+    key=report_core.KIND,
+    deps=[model_checkpoint],
+    backfill_policy=single_run,
+    code_version=report_core.CODE_VERSION,
+    group_name="evaluation",
+    kinds={"pytorch"},
+    description=(
+        "The current model measured on CPU: validation loss and perplexity (measured again through the stored "
+        "weights) against the unigram baseline, golden continuations, tokens/s through our engine at each "
+        "benchmark.batch_sizes with transformers generate on the same weights beside it, TTFT/TPOT/ITL/E2EL "
+        "P50/P99 at each benchmark.concurrencies, peak RSS against the memory budget rule, and the deployed "
+        "bundle's model side by side. Stops (truncated=true) once benchmark.max_seconds has run out."
+    ),
+)
+def benchmark_report(context: dg.AssetExecutionContext, aieng: AiengResource) -> dg.MaterializeResult:
+    artifact = report_core.build_benchmark_report(aieng.store(), aieng.settings(), run_info(context), context.log)
+    report = report_core.read_report(artifact)
+    described = {
+        **figure_metadata(artifact.metrics),
+        "deployed_bundle_id": artifact.metrics["deployed_bundle_id"] or "none",
+        "figures": dg.MetadataValue.md(figures_markdown(report)),
+        "throughput_plot": plot_markdown(artifact, report_core.THROUGHPUT_PLOT, "throughput"),
+        "latency_plot": plot_markdown(artifact, report_core.LATENCY_PLOT, "latency"),
+    }
+    if report["truncated"]:
+        described["truncated_reason"] = dg.MetadataValue.text(report["truncated_reason"])
+    return materialize_one(artifact, described)

@@ -1,0 +1,111 @@
+"""benchmark_report between model_checkpoint and serving_bundle, materialized by Dagster.
+
+The trained tiny home is copied without any report or bundle, then model_checkpoint (reused),
+benchmark_report and serving_bundle are materialized twice with a real instance: the report's
+metadata shows its figures and plots, and the bundle names the report as an input and carries it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from aieng_core.benchmark import benchmark_report as report_core
+from aieng_core.benchmark.summary import figures_markdown
+from aieng_core.bundle import serving_bundle as bundle_core
+from aieng_core.store import ArtifactStore
+from orchestration.assets.benchmark import benchmark_report
+from orchestration.assets.model import model_checkpoint
+from orchestration.assets.serving import serving_bundle
+from orchestration.resources import AiengResource
+from tests.conftest import TINY_CONFIG
+from tests.orchestration.helpers import meta, run_materializations
+
+GRAPH = [model_checkpoint, benchmark_report, serving_bundle]
+
+
+@dataclass
+class Materialized:
+    home: Path
+    first: dg.ExecuteInProcessResult
+    again: dg.ExecuteInProcessResult
+
+    @property
+    def store(self) -> ArtifactStore:
+        return ArtifactStore(self.home)
+
+
+@pytest.fixture(scope="module")
+def materialized(trained_home, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Materialized]:
+    home = tmp_path_factory.mktemp("benchmark-graph") / "aieng-home"
+    shutil.copytree(trained_home.home, home)
+    # Other tests may have measured or bundled the shared home already: this run must build its own.
+    for kind in (report_core.KIND, bundle_core.KIND):
+        shutil.rmtree(home / "artifacts" / kind, ignore_errors=True)
+        shutil.rmtree(home / "refs" / kind, ignore_errors=True)
+    resources = {"aieng": AiengResource(home=str(home), config_path=str(TINY_CONFIG))}
+    with dg.instance_for_test() as instance:
+        first = dg.materialize(GRAPH, instance=instance, resources=resources)
+        again = dg.materialize(GRAPH, instance=instance, resources=resources)
+        yield Materialized(home, first, again)
+
+
+def inline_png(path: Path, title: str) -> str:
+    return f"![{title}](data:image/png;base64,{base64.b64encode(path.read_bytes()).decode('ascii')})"
+
+
+def test_the_three_assets_materialize_and_are_reused(materialized: Materialized, trained_home) -> None:
+    keys = {("model_checkpoint", None), ("benchmark_report", None), ("serving_bundle", None)}
+    for result in (materialized.first, materialized.again):
+        assert result.success
+        assert set(run_materializations(result)) == keys
+    first, again = run_materializations(materialized.first), run_materializations(materialized.again)
+    for key in ("benchmark_report", "serving_bundle"):
+        before, after = meta(first[(key, None)]), meta(again[(key, None)])
+        assert (before["reused"], after["reused"]) == (False, True), key
+        assert before["artifact_id"] == after["artifact_id"], key
+    report = materialized.store.require_current(report_core.KIND)
+    assert report.manifest["inputs"][0] == {"kind": "model_checkpoint", "id": trained_home.model.id}
+    assert report.manifest["dagster_run_id"] == materialized.first.run_id
+
+
+def test_report_metadata_has_the_figures_table_and_the_plots(materialized: Materialized) -> None:
+    artifact = materialized.store.require_current(report_core.KIND)
+    materialization = run_materializations(materialized.first)[("benchmark_report", None)]
+    values = meta(materialization)
+    report = report_core.read_report(artifact)
+    assert values["artifact_id"] == artifact.id
+    assert values["content_sha256"] == artifact.content_sha256
+    assert materialization.tags["dagster/data_version"] == artifact.content_sha256
+    assert values["figures"] == figures_markdown(report)
+    assert values["figures"].splitlines()[0].startswith("| validation loss | perplexity |")
+    assert values["throughput_plot"] == inline_png(artifact.file(report_core.THROUGHPUT_PLOT), "throughput")
+    assert values["latency_plot"] == inline_png(artifact.file(report_core.LATENCY_PLOT), "latency")
+    assert materialization.metadata["figures"] == dg.MetadataValue.md(values["figures"])
+    for name in ("validation_loss", "tokens_per_second_batch_4", "ratio_vs_transformers_batch_1", "peak_rss_bytes"):
+        assert values[name] == artifact.metrics[name], name
+    assert values["ttft_p99_ms_concurrency_4"] == report["latency"][1]["ttft_ms"]["p99"]
+    assert (values["truncated"], values["deployed_bundle_id"]) == (False, "none")
+    assert "truncated_reason" not in values
+
+
+def test_the_bundle_names_and_carries_the_report(materialized: Materialized, trained_home) -> None:
+    store = materialized.store
+    report, bundle = store.require_current(report_core.KIND), store.require_current(bundle_core.KIND)
+    assert bundle.manifest["inputs"] == [
+        {"kind": "model_checkpoint", "id": trained_home.model.id},
+        {"kind": "benchmark_report", "id": report.id},
+    ]
+    assert bundle.file(bundle_core.BENCHMARK_FILE).read_bytes() == report.file(report_core.REPORT_FILE).read_bytes()
+    values = meta(run_materializations(materialized.first)[("serving_bundle", None)])
+    assert values["input_ids"] == f"{trained_home.model.id}, {report.id}"
+    assert values["benchmark_report_id"] == report.id
+    assert values["benchmark"] == figures_markdown(report_core.read_report(report))
+    assert json.loads(json.dumps(values["benchmark_baseline"])) == report.metrics
