@@ -40,7 +40,8 @@ run: install $(DAGSTER_HOME)/dagster.yaml
 
 ## serve: serve production (following its pointer) on http://127.0.0.1:8000, else the current bundle (Ctrl-C stops it)
 serve: install
-	if $(BIN)/aieng deploy status --json | $(BIN)/python -c 'import json, sys; sys.exit(json.load(sys.stdin)["current"] is None)'; then \
+	status="$$($(BIN)/aieng deploy status --json)" || exit 1; \
+	if $(BIN)/python -c 'import json, sys; sys.exit(json.loads(sys.argv[1])["current"] is None)' "$$status"; then \
 	  exec $(BIN)/aieng serve --deployment current; \
 	else bundle="$$($(BIN)/aieng bundle current --path)" && exec $(BIN)/aieng serve --bundle "$$bundle"; fi
 

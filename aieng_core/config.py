@@ -236,7 +236,7 @@ class GateConfig(_Section):
     # Retrain schedule (cron, UTC): dataset_manifest -> model -> benchmark -> bundle.
     retrain_cron: str = Field(default="0 3 * * 1", min_length=9)
 
-    @field_validator("concurrencies")
+    @field_validator("concurrencies", "max_new_tokens")
     @classmethod
     def _positive(cls, values: tuple[int, ...]) -> tuple[int, ...]:
         if any(value < 1 for value in values):

@@ -83,7 +83,7 @@ def _format_change(result: dict[str, Any]) -> str:
 def cmd_deploy_status(args: argparse.Namespace) -> int:
     try:
         status = _deployments(args).status()
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:  # refusals, and a state dir we may not write
         return _refused(exc)
     emit(status, args.json, format_status)
     return 0
@@ -94,7 +94,7 @@ def cmd_deploy_promote(args: argparse.Namespace) -> int:
         deployments = _deployments(args)
         event = deployments.promote(args.bundle_id, reason=args.reason)
         result = {"event": event, **deployments.status()}
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:  # refusals, and a state dir we may not write
         return _refused(exc)
     emit(result, args.json, _format_change)
     return 0
@@ -105,7 +105,7 @@ def cmd_deploy_rollback(args: argparse.Namespace) -> int:
         deployments = _deployments(args)
         event = deployments.rollback(reason=args.reason, allow_empty=args.allow_empty)
         result = {"event": event, **deployments.status()}
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:  # refusals, and a state dir we may not write
         return _refused(exc)
     emit(result, args.json, _format_change)
     return 0

@@ -279,10 +279,14 @@ class Deployments:
         figures: dict[str, Any] | None = None,
         dagster_run_id: str | None = None,
         verify: bool = True,
+        expected_sequence: int | None = None,
     ) -> dict[str, Any]:
         """Make `bundle_id` (a serving_bundle in the store) current; the old current goes on
         the stack. With `verify`, the bundle is re-hashed, loaded and its goldens replayed
-        first. Returns the history event; refusals raise DeploymentError and change nothing."""
+        first. With `expected_sequence`, the promote happens only if the pointer is still at
+        that sequence when the lock is taken (the gate: a rollback made by hand while it ran
+        must not be overwritten). Returns the history event; refusals raise DeploymentError
+        and change nothing."""
         fields = _event_fields(actor, reason, figures, dagster_run_id)
         artifact = self._bundle(bundle_id, f"cannot promote {bundle_id!r} on {self.pointer}")
         self._refuse_current(self.current(), bundle_id)  # fail fast, before the slow verification
@@ -291,6 +295,11 @@ class Deployments:
         # Verification reads only the immutable bundle, so it runs outside the lock.
         with self._locked(fcntl.LOCK_EX):
             history, current = self._read_history(warn=False), self.current()
+            if expected_sequence is not None and current["sequence"] != expected_sequence:
+                raise DeploymentError(
+                    f"{self.pointer} changed while {bundle_id} was being checked: it was at sequence "
+                    f"{expected_sequence} and is now at {current['sequence']} ({current['bundle_id']}); nothing changed"
+                )
             self._refuse_current(current, bundle_id)
             stack = list(current["stack"])
             if current["bundle_id"] is not None:

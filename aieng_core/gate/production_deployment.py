@@ -20,7 +20,9 @@ the config the gate's servers ran with and their logs.
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -49,6 +51,7 @@ from aieng_core.gate.warmup import warmup_step
 KIND = asset_keys.PRODUCTION_DEPLOYMENT
 CODE_VERSION = "production_deployment-v1"
 PROMOTE_REASON = "gate passed"
+GATE_LOCK = ".gate.lock"  # under $AIENG_HOME/deployments/: held for a whole gate
 
 log = logging.getLogger("aieng.gate")
 
@@ -89,8 +92,35 @@ def run_gate(
     """Gate `bundle_id` (a serving_bundle in the store of `home`) and promote it on production
     when every step passes. Raises GateFailed (production untouched; `.report` holds the
     figures and where they were written), or DeploymentError when production already serves
-    the bundle (nothing to gate)."""
+    the bundle (nothing to gate).
+
+    One gate at a time per home: gates share the drill pointer, and a second one's load
+    would be measured in the first one's figures. A second gate waits for the first (each
+    is bounded in time), then finds out whether there is still anything to gate."""
     home = Path(home)
+    lock_path = home / "deployments" / GATE_LOCK
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if not _try_lock(fd):
+            logger.info(f"gate {bundle_id}: another gate is running on {home}; waiting for it to finish")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        return _run_gate(home, config, bundle_id, run_id, actor, logger)
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _run_gate(
+    home: Path, config: AiengConfig, bundle_id: str, run_id: str | None, actor: str | None, logger: Any
+) -> GateReport:
     production = Deployments(home)
     artifact = production.store.get(BUNDLE_KIND, bundle_id)
     current = production.current()
@@ -164,8 +194,16 @@ def run_gate(
         },
     }
     try:
+        # Verified by the first step (the bundle is immutable); the pointer must still be where the
+        # gate found it, checked under the pointer's lock, so a rollback made meanwhile stands.
         event = production.promote(
-            bundle_id, actor=actor, reason=PROMOTE_REASON, figures=plain(figures), dagster_run_id=run_id
+            bundle_id,
+            actor=actor,
+            reason=PROMOTE_REASON,
+            figures=plain(figures),
+            dagster_run_id=run_id,
+            verify=False,
+            expected_sequence=current["sequence"],
         )
     except DeploymentError as exc:
         _fail(home, report, GateFailed("promote", "promote", str(exc)), started, logger)

@@ -46,6 +46,7 @@ def compare(
     deployed_bundle_id: str | None,
     event: dict[str, Any] | None,
     max_regression: float,
+    settings_sha256: str | None = None,
 ) -> dict[str, Any]:
     """`{baseline_bundle_id, baseline_sequence, compared, note, max_regression, checks, regressions}`;
     each check is `{level, figure, candidate, baseline, worse_by, passed}` (worse_by: the
@@ -67,6 +68,15 @@ def compare(
         result["note"] = (
             f"no comparison: the deployed bundle {deployed_bundle_id} has no gate stress figures ({how}; "
             "promoted without the gate)"
+        )
+        return result
+    recorded = (((event or {}).get("figures") or {}).get("gate") or {}).get("config_sha256")
+    if settings_sha256 is not None and recorded is not None and recorded != settings_sha256:
+        # Other load (requests, token counts) or server settings give other figures: comparing
+        # them would fail or pass candidates for the settings' sake, not the bundle's.
+        result["note"] = (
+            f"not comparable: the gate of {deployed_bundle_id} ran with other serving:/gate: settings "
+            f"(config {recorded[:12]}, this gate {settings_sha256[:12]})"
         )
         return result
     shared = [name for name in levels if name in baseline]

@@ -227,7 +227,9 @@ def stress_step(
 
     violations = [v for name, level in levels.items() for v in slo_violations(name, level, config)]
     deployed = production.current()["bundle_id"]
-    regression = compare(levels, deployed, baseline_event(production), gate.max_regression)
+    regression = compare(
+        levels, deployed, baseline_event(production), gate.max_regression, config.section_sha256("serving", "gate")
+    )
     figures["regression"] = regression
     for check in regression["regressions"]:
         direction = "lower" if check["figure"] == "output_throughput" else "higher"

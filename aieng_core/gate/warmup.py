@@ -20,6 +20,7 @@ from typing import Any
 
 from aieng_core.config import AiengConfig
 from aieng_core.gate.report import GateFailed
+from aieng_core.serving.device import resolve_device
 
 GIB = 1024**3
 SAMPLE_EVERY_S = 0.005
@@ -29,14 +30,6 @@ CUDA_GRAPHS_NOT_CAPTURED = (
     "not captured: the engine runs every decode step eagerly (CUDA graph capture is not implemented)"
 )
 CUDA_GRAPHS_CPU = "not applicable (cpu)"
-
-
-def resolve_device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 class PeakRss:

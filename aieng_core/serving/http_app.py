@@ -61,6 +61,7 @@ from aieng_core.serving.api_models import (
     Usage,
     error_body,
 )
+from aieng_core.serving.device import resolve_device
 from aieng_core.serving.logs import bind_request, current_context, unbind_request
 from aieng_core.serving.metrics import RequestTracker, ServingMetrics
 from aieng_core.serving.request import RequestError, SamplingParams
@@ -163,14 +164,6 @@ class Deployment:
         return int(self.bundle.serving["max_context"])
 
 
-def _resolve_device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def open_deployment(bundle_path: Path, config: AiengConfig, on_step: Callable[..., None]) -> Deployment:
     """Load and verify a bundle, warm its engine up, prove a forward works, start its loop.
 
@@ -181,7 +174,7 @@ def open_deployment(bundle_path: Path, config: AiengConfig, on_step: Callable[..
     from aieng_core.serving.engine import EngineLoop
 
     serving = config.serving
-    bundle = load_bundle(bundle_path, device=_resolve_device(serving.device))
+    bundle = load_bundle(bundle_path, device=resolve_device(serving.device))
     engine = bundle.make_engine(max_waiting=serving.max_waiting)
     lengths = [n for n in serving.warmup_prompt_lengths if n < engine.limits.max_context]
     warmup = engine.warmup(lengths)
@@ -216,6 +209,7 @@ class ServingState:
         self.bundle_path = bundle_path
         self.follow = follow
         self.following: Any = None  # the PointerTarget last acted on (loaded, emptied or refused)
+        self.refused_at: float | None = None  # when `following` was refused (it is retried later)
         self.config = config
         self.admin_token = admin_token or None
         self.metrics = ServingMetrics()
@@ -302,21 +296,33 @@ class ServingState:
         """Serve nothing (a pointer rolled back to no bundle): in-flight requests finish on
         the retired engine; new ones get 503 until a bundle is promoted."""
         previous, self.current = self.current, None
+        self.metrics.set_bundle(None)
         if previous is not None:
             previous.retired = True
             self._maybe_stop(previous)
         return previous
 
+    def deployment_info(self) -> dict[str, Any]:
+        """The pointer this server follows, what it names, and whether that was refused."""
+        following = self.following
+        return {
+            "pointer": following.pointer,
+            "bundle_id": following.bundle_id,
+            "sequence": following.sequence,
+            "refused": self.refused_at is not None,
+        }
+
     def no_bundle_message(self) -> str:
         pointer = self.following.pointer if self.following is not None else "production"
         return f"no bundle is deployed on the {pointer} pointer; promote one with `aieng deploy promote BUNDLE_ID`"
 
-    async def follow_pointer(self, interval_s: float) -> None:
+    async def follow_pointer(self, interval_s: float, retry_s: float = 30.0) -> None:
         """Poll the deployment pointer; swap (or empty) the served bundle when it changes.
 
-        A bundle the pointer names but that fails to load or verify is refused once (logged
-        as an error) and the current one keeps serving; the next change of the pointer is
-        tried again."""
+        A bundle the pointer names but that fails to load or verify is refused (logged as an
+        error) and the current one keeps serving; it is tried again every `retry_s` (a
+        failure can pass, e.g. memory freed), and at once when the pointer changes.
+        /health/ready and /version show what the pointer names beside what is served."""
         assert self.follow is not None and self.reload_lock is not None
         unreadable: str | None = None
         while not self.draining:
@@ -331,11 +337,14 @@ class ServingState:
                     log.error("cannot read the deployment pointer; still serving what was loaded: %s", exc)
                 continue
             unreadable = None
-            if self.following is not None and target.bundle_id == self.following.bundle_id:
+            unchanged = self.following is not None and target.bundle_id == self.following.bundle_id
+            if unchanged and (self.refused_at is None or time.monotonic() - self.refused_at < retry_s):
                 continue
             async with self.reload_lock:
                 old_id = self.current.bundle_id if self.current is not None else None
-                self.following = target
+                self.following, self.refused_at = target, None
+                if target.bundle_id is not None and target.bundle_id == old_id:
+                    continue  # rolled back to the bundle still served (after a refused one): nothing to load
                 if target.path is None:
                     self._uninstall()
                     log.warning(
@@ -346,10 +355,12 @@ class ServingState:
                 try:
                     deployment, _previous = await self.reload(target.path)
                 except Exception as exc:
+                    self.refused_at = time.monotonic()
                     log.error(
-                        "the %s pointer names bundle %s, which was refused; still serving %s: %s",
+                        "the %s pointer names bundle %s, which was refused (retried in %g s); still serving %s: %s",
                         target.pointer,
                         target.bundle_id,
+                        retry_s,
                         old_id,
                         exc,
                         exc_info=not isinstance(exc, BUNDLE_ERRORS),
@@ -921,6 +932,8 @@ def create_app(
     @app.get("/health/ready")
     async def ready() -> Any:
         if state.ready and state.current is not None:
+            if state.following is not None:  # what the pointer names, which may differ while a swap loads
+                return {"status": "ready", "bundle_id": state.current.bundle_id, "deployment": state.deployment_info()}
             return {"status": "ready", "bundle_id": state.current.bundle_id}
         if state.draining:
             raise ApiError(503, "draining: the server is shutting down", "unavailable", code="draining")
@@ -936,17 +949,14 @@ def create_app(
     async def version() -> Any:
         deployment = state.current
         if deployment is None:
+            if state.phase == "ready":
+                raise ApiError(503, state.no_bundle_message(), "unavailable", code="no_deployment")
             raise ApiError(503, "no bundle is loaded yet", "unavailable", code="loading")
         manifest = deployment.bundle.manifest
-        following = state.following
         return {
             "bundle_id": deployment.bundle_id,
             "bundle_path": str(deployment.bundle.path),
-            "deployment": (
-                {"pointer": following.pointer, "bundle_id": following.bundle_id, "sequence": following.sequence}
-                if following is not None
-                else None
-            ),
+            "deployment": state.deployment_info() if state.following is not None else None,
             "code_version": manifest.get("code_version"),
             "created_at": manifest.get("created_at"),
             "git_commit": manifest.get("git_commit"),

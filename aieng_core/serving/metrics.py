@@ -128,9 +128,11 @@ class ServingMetrics:
         self.rss.set_function(_rss_bytes)
         self.bundle_info = Gauge("aieng_bundle_info", h["aieng_bundle_info"], ["bundle_id"], registry=r)
 
-    def set_bundle(self, bundle_id: str) -> None:
+    def set_bundle(self, bundle_id: str | None) -> None:
+        """The bundle served now (None: none, after a deployment pointer was emptied)."""
         self.bundle_info.clear()
-        self.bundle_info.labels(bundle_id=bundle_id).set(1)
+        if bundle_id is not None:
+            self.bundle_info.labels(bundle_id=bundle_id).set(1)
 
     def observe_engine(self, stats: Any) -> None:
         """Copy an EngineStats snapshot (num_running, num_waiting, free_slots, max_batch,

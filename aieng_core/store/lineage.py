@@ -128,6 +128,16 @@ def _deployments(home: Path, pointer: str) -> Any:
     return Deployments(home, pointer)
 
 
+def _applied_history(deployments: Any, current: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pointer's history without lines whose change never reached its current.json (a
+    crash between the two writes): a bundle that never served is never reported as deployed."""
+    from aieng_core.deploy.deployments import unapplied_sequences
+
+    events = deployments.history()
+    unapplied = set(unapplied_sequences(events, current))
+    return [event for event in events if event["sequence"] not in unapplied]
+
+
 def deployed_bundle(store: ArtifactStore, pointer: str = PRODUCTION) -> tuple[Artifact, dict[str, Any]]:
     """The serving bundle `pointer` points at, and its deployment state with `events`: the
     pointer's history events that made it current (`to` is the bundle)."""
@@ -145,7 +155,7 @@ def deployed_bundle(store: ArtifactStore, pointer: str = PRODUCTION) -> tuple[Ar
         bundle = store.get(asset_keys.SERVING_BUNDLE, bundle_id)
     except ArtifactNotFound as exc:
         raise ArtifactNotFound(f"the {pointer} deployment points at serving_bundle {bundle_id!r}: {exc}") from None
-    events = [e for e in deployments.history() if e["to"] == bundle_id]
+    events = [e for e in _applied_history(deployments, state) if e["to"] == bundle_id]
     return bundle, {**state, "events": events}
 
 
@@ -265,7 +275,7 @@ def _affected(store: ArtifactStore, index: StoreIndex, seeds: set[Key]) -> dict[
     bundles = {artifact_id for kind, artifact_id in keys if kind == asset_keys.SERVING_BUNDLE}
     production = _deployments(store.home, PRODUCTION)
     serving = production.current()["bundle_id"]
-    history = production.history()
+    history = _applied_history(production, production.current())
     deployments: list[dict[str, Any]] = []
     for bundle_id in bundles:
         events = [e for e in history if bundle_id in (e.get("to"), e.get("from"))]

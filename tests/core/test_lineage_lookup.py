@@ -165,6 +165,27 @@ def test_damaged_deployment_state_is_an_error_naming_the_file(tmp_path: Path) ->
         deployed_bundle(ArtifactStore(tmp_path))
 
 
+def test_a_history_line_that_never_reached_the_pointer_is_not_a_deployment(
+    serving_bundle_artifact: BundledHome, copy_bundled_home
+) -> None:
+    """A crash between the history append and the pointer's replacement leaves a line for a
+    change that never happened: lineage must not say that bundle served."""
+    store = copy_bundled_home(serving_bundle_artifact)
+    bundle = serving_bundle_artifact.bundle
+    newer = second_bundle(store, bundle)
+    applied = event(1, "promote", None, bundle.id)
+    write_deployment(store, bundle.id, [applied])
+    history = store.home / "deployments" / "production" / "history.jsonl"
+    with history.open("a", encoding="utf-8") as out:
+        out.write(json.dumps(event(2, "promote", bundle.id, newer)) + "\n")  # current.json still at 1
+    found, state = deployed_bundle(store)
+    assert found.id == bundle.id and state["events"] == [applied]
+    deployments = affected_by_partition(store, DEMO_PARTITIONS[0])["deployments"]
+    assert [(d["bundle_id"], d["serving_now"], [e["sequence"] for e in d["events"]]) for d in deployments] == [
+        (bundle.id, True, [1])
+    ]
+
+
 # ---- downstream ---------------------------------------------------------------------------------
 
 

@@ -703,7 +703,12 @@ def test_serve_deployment_current_follows_promote_and_rollback_without_failing_a
         deploy(home, "promote", first_id, "--reason", "first")
         poll(serving(first_id), 60, f"the server to pick up {first_id}")
         version = server.get("/version").json
-        assert version["deployment"] == {"pointer": "production", "bundle_id": first_id, "sequence": 1}
+        assert version["deployment"] == {
+            "pointer": "production",
+            "bundle_id": first_id,
+            "sequence": 1,
+            "refused": False,
+        }
         # The admin API cannot fight the pointer.
         reload = server.post(
             "/admin/reload", {"bundle": str(second_bundle.path)}, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -745,5 +750,18 @@ def test_serve_deployment_current_follows_promote_and_rollback_without_failing_a
         print(f"pointer switch to serving the new bundle (s): {[round(x, 2) for x in switch_to_served]}")
         assert all(0 < seconds < 10 for seconds in switch_to_served), switch_to_served
         assert server.get("/version").json["deployment"]["sequence"] == 4
+
+        # A bundle the pointer names that fails verification is refused; the current one keeps
+        # serving, and /health/ready and /version say what the pointer names.
+        served = home / "artifacts" / "serving_bundle" / first_id / "serving.json"
+        served.write_text(served.read_text(encoding="utf-8") + " ", encoding="utf-8")
+        deploy(home, "rollback", "--reason", "to a bundle damaged since")
+        poll(lambda: server.get("/version").json["deployment"]["refused"], 60, "the damaged bundle to be refused")
+        ready = server.get("/health/ready").json
+        assert ready["bundle_id"] == second_id
+        assert ready["deployment"] == {"pointer": "production", "bundle_id": first_id, "sequence": 5, "refused": True}
+        assert server.post("/generate", {"prompt": "still", "max_new_tokens": 2}).status == 200
+        (refusal,) = [ln for ln in server.log_lines() if "which was refused" in ln["message"]]
+        assert "serving.json" in refusal["message"] and refusal["level"] == "error"
     finally:
         assert server.stop() == 0, server.log_tail()

@@ -81,3 +81,14 @@ def test_the_baseline_is_the_latest_promotion_of_what_production_serves() -> Non
     assert baseline_event(FakeDeployments("A", history))["sequence"] == 1
     assert baseline_event(FakeDeployments("B", history[:4]))["sequence"] == 4
     assert baseline_event(FakeDeployments(None, history)) is None
+
+
+def test_figures_measured_with_other_settings_are_not_compared() -> None:
+    event = promoted({"concurrency=1": level(100, 10, 50)})
+    event["figures"]["gate"] = {"config_sha256": "a" * 64}
+    worse = {"concurrency=1": level(10, 100, 500)}
+    other = compare(worse, "A", event, 0.1, settings_sha256="b" * 64)
+    assert other["compared"] is False and other["regressions"] == []
+    assert other["note"].startswith("not comparable: the gate of A ran with other serving:/gate: settings")
+    same = compare(worse, "A", event, 0.1, settings_sha256="a" * 64)
+    assert same["compared"] is True and len(same["regressions"]) == 3
