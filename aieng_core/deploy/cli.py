@@ -111,6 +111,46 @@ def cmd_deploy_rollback(args: argparse.Namespace) -> int:
     return 0
 
 
+def _format_gate(report: dict[str, Any]) -> str:
+    lines = [f"gate of serving_bundle {report['bundle_id']}: {'PASSED' if report['passed'] else 'FAILED'}"]
+    for step in report["steps"]:
+        lines.append(f"  {step['name']:<8} passed in {step['seconds']:.1f} s")
+    if report["failure"] is not None:
+        lines.append(f"  {report['failure']['step']:<8} FAILED: {report['failure']['message']}")
+    if report["event"] is not None:
+        event = report["event"]
+        lines.append(
+            f"promoted production: {event['from'] or '(none)'} -> {event['to']} (sequence {event['sequence']})"
+        )
+    lines.append(f"report: {report['path']}")
+    return "\n".join(lines)
+
+
+def cmd_deploy_gate(args: argparse.Namespace) -> int:
+    """The promotion gate from the command line: what production_deployment runs in Dagster."""
+    from aieng_core.bundle.serving_bundle import KIND as BUNDLE_KIND
+    from aieng_core.config import load_config
+    from aieng_core.gate.production_deployment import run_gate
+    from aieng_core.gate.report import GateFailed
+    from aieng_core.store import ArtifactStore
+
+    home = resolve_home(args.home)
+    try:
+        bundle_id = args.bundle_id or ArtifactStore(home).require_current(BUNDLE_KIND).id
+        report = run_gate(home, load_config(args.config), bundle_id).as_dict()
+    except GateFailed as exc:
+        if exc.report is None:
+            return _refused(exc)
+        if args.json:
+            emit(exc.report.as_dict(), True, _format_gate)
+        print(f"aieng: error: {exc} (report: {exc.report.path}); production unchanged", file=sys.stderr)
+        return 1
+    except (ValueError, OSError, LookupError) as exc:  # refusals, a missing bundle, unwritable state
+        return _refused(exc)
+    emit(report, args.json, _format_gate)
+    return 0
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pointer",
@@ -149,3 +189,11 @@ def add_deploy_parser(commands: argparse._SubParsersAction) -> None:
     )
     _common(rollback)
     rollback.set_defaults(handler=cmd_deploy_rollback)
+
+    gate = deploy_commands.add_parser(
+        "gate",
+        help="run the promotion gate (verify, warmup, stress, drill) on a bundle, and promote it if it passes",
+    )
+    gate.add_argument("bundle_id", nargs="?", metavar="BUNDLE_ID", help="default: the current serving_bundle")
+    gate.add_argument("--json", action="store_true", help="one JSON document on stdout: the gate's report")
+    gate.set_defaults(handler=cmd_deploy_gate)

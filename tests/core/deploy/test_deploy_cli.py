@@ -14,6 +14,7 @@ from aieng_core.bundle.serving_bundle import KIND
 from aieng_core.deploy.cli import add_deploy_parser
 from aieng_core.deploy.deployments import Deployments
 from tests.bundle_fixtures import BundledHome
+from tests.conftest import TINY_CONFIG
 from tests.core.deploy import BundlePair, build_bundle_pair, home_with_bundles
 
 STATUS_KEYS = ["current", "history", "pointer", "previous", "sequence", "stack", "torn_tail", "unapplied"]
@@ -240,3 +241,34 @@ def test_the_parser_requires_a_subcommand_and_a_bundle_id(capsys: pytest.Capture
     assert (args.bundle_id, args.reason, args.pointer, args.json) == ("abc", "why", "drill", False)
     args = parser().parse_args(["deploy", "rollback"])
     assert (args.reason, args.pointer, args.allow_empty, args.json) == ("", "production", False, False)
+
+
+def test_gate_refuses_a_tampered_bundle_at_verify_and_leaves_production_alone(
+    capsys: pytest.CaptureFixture[str], deploy_home: Path, pair: BundlePair
+) -> None:
+    Deployments(deploy_home).promote(pair.a.id, verify=False)
+    before = Deployments(deploy_home).status()
+    served = deploy_home / "artifacts" / KIND / pair.b.id / "serving.json"
+    served.write_text(served.read_text(encoding="utf-8") + " ", encoding="utf-8")
+    code, out, err = run(capsys, "--home", str(deploy_home), "--config", str(TINY_CONFIG), "deploy", "gate", pair.b.id)
+    assert (code, out) == (1, "")
+    assert err.count("\n") == 1 and err.startswith("aieng: error: gate failed at verify: problems")
+    assert "serving.json" in err and err.rstrip().endswith("production unchanged")
+    assert Deployments(deploy_home).status() == before
+    report = json.loads(Path(err.split("(report: ")[1].split(")")[0]).read_text(encoding="utf-8"))
+    assert (report["passed"], report["failure"]["step"], report["event"]) == (False, "verify", None)
+    assert [(step["name"], step["passed"]) for step in report["steps"]] == [("verify", False)]
+
+
+def test_gate_of_what_production_serves_is_refused(
+    capsys: pytest.CaptureFixture[str], deploy_home: Path, pair: BundlePair
+) -> None:
+    Deployments(deploy_home).promote(pair.a.id, verify=False)
+    code, out, err = run(capsys, "--home", str(deploy_home), "--config", str(TINY_CONFIG), "deploy", "gate", pair.a.id)
+    assert (code, out) == (1, "")
+    assert (
+        err
+        == f"aieng: error: serving_bundle {pair.a.id} is already what production serves (sequence 1); nothing to gate\n"
+    )
+    code, _, err = run(capsys, "--home", str(deploy_home), "deploy", "gate", "0123456789abcdef")
+    assert code == 1 and "0123456789abcdef" in err and err.count("\n") == 1
