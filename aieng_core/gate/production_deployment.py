@@ -33,6 +33,7 @@ from aieng_core.bundle.serving_bundle import KIND as BUNDLE_KIND
 from aieng_core.config import AiengConfig
 from aieng_core.deploy.deployments import DeploymentError, Deployments, default_actor
 from aieng_core.gate.drill import drill_step
+from aieng_core.gate.regression import load_sha256
 from aieng_core.gate.report import (
     GateFailed,
     GateReport,
@@ -190,6 +191,7 @@ def _run_gate(
             "code_version": CODE_VERSION,
             "report": report.path,
             "config_sha256": config.section_sha256("serving", "gate"),
+            "load_sha256": load_sha256(config),  # what regression.compare checks comparability by
             "step_seconds": {step.name: step.seconds for step in report.steps},
         },
     }

@@ -12,6 +12,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from aieng_core.hashing import sha256_json
+
+# The settings that shape the load and the server under it; SLOs and thresholds are not among
+# them (a gate may be stricter or looser and still measure the same thing).
+LOAD_KEYS = ("concurrencies", "poisson_rates", "requests_per_level", "max_new_tokens", "max_seconds_per_level")
+
+
+def load_sha256(config: Any) -> str:
+    """Hash of what decides the stress figures: the serving: section and the gate's load keys."""
+    gate = config.gate.model_dump(mode="json")
+    return sha256_json({"serving": config.serving.model_dump(mode="json"), "gate": {k: gate[k] for k in LOAD_KEYS}})
+
+
 # (figure, path inside a level's figures, whether higher is better)
 COMPARED = (
     ("output_throughput", ("output_throughput",), True),
@@ -70,12 +83,12 @@ def compare(
             "promoted without the gate)"
         )
         return result
-    recorded = (((event or {}).get("figures") or {}).get("gate") or {}).get("config_sha256")
+    recorded = (((event or {}).get("figures") or {}).get("gate") or {}).get("load_sha256")
     if settings_sha256 is not None and recorded is not None and recorded != settings_sha256:
         # Other load (requests, token counts) or server settings give other figures: comparing
         # them would fail or pass candidates for the settings' sake, not the bundle's.
         result["note"] = (
-            f"not comparable: the gate of {deployed_bundle_id} ran with other serving:/gate: settings "
+            f"not comparable: the gate of {deployed_bundle_id} ran another load (serving: or gate: load settings) "
             f"(config {recorded[:12]}, this gate {settings_sha256[:12]})"
         )
         return result

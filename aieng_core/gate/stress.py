@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from aieng_core.config import AiengConfig
-from aieng_core.gate.regression import baseline_event, compare
+from aieng_core.gate.regression import baseline_event, compare, load_sha256
 from aieng_core.gate.report import GateFailed
 
 POISSON_SEED = 7  # the same arrival offsets in every gate run
@@ -227,9 +227,7 @@ def stress_step(
 
     violations = [v for name, level in levels.items() for v in slo_violations(name, level, config)]
     deployed = production.current()["bundle_id"]
-    regression = compare(
-        levels, deployed, baseline_event(production), gate.max_regression, config.section_sha256("serving", "gate")
-    )
+    regression = compare(levels, deployed, baseline_event(production), gate.max_regression, load_sha256(config))
     figures["regression"] = regression
     for check in regression["regressions"]:
         direction = "lower" if check["figure"] == "output_throughput" else "higher"

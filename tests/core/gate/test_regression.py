@@ -6,7 +6,9 @@ from typing import Any
 
 import pytest
 
-from aieng_core.gate.regression import baseline_event, compare
+from aieng_core.config import load_config
+from aieng_core.gate.regression import baseline_event, compare, load_sha256
+from tests.conftest import TINY_CONFIG
 
 
 def level(throughput: float, ttft_p99: float, e2el_p99: float) -> dict[str, Any]:
@@ -85,10 +87,19 @@ def test_the_baseline_is_the_latest_promotion_of_what_production_serves() -> Non
 
 def test_figures_measured_with_other_settings_are_not_compared() -> None:
     event = promoted({"concurrency=1": level(100, 10, 50)})
-    event["figures"]["gate"] = {"config_sha256": "a" * 64}
+    event["figures"]["gate"] = {"load_sha256": "a" * 64}
     worse = {"concurrency=1": level(10, 100, 500)}
     other = compare(worse, "A", event, 0.1, settings_sha256="b" * 64)
     assert other["compared"] is False and other["regressions"] == []
-    assert other["note"].startswith("not comparable: the gate of A ran with other serving:/gate: settings")
+    assert other["note"].startswith("not comparable: the gate of A ran another load")
     same = compare(worse, "A", event, 0.1, settings_sha256="a" * 64)
     assert same["compared"] is True and len(same["regressions"]) == 3
+
+
+def test_thresholds_are_not_part_of_the_load_compared() -> None:
+    config = load_config(TINY_CONFIG)
+    stricter = config.model_copy(
+        update={"gate": config.gate.model_copy(update={"max_regression": 5.0, "slo_ttft_ms": 1.0})}
+    )
+    heavier = config.model_copy(update={"gate": config.gate.model_copy(update={"requests_per_level": 99})})
+    assert load_sha256(stricter) == load_sha256(config) != load_sha256(heavier)
