@@ -127,6 +127,7 @@ def report_metadata(report: dict[str, Any]) -> dict[str, Any]:
 )
 def production_deployment(context: dg.AssetExecutionContext, aieng: AiengResource) -> dg.MaterializeResult:
     from aieng_core.gate import GateFailed, run_gate
+    from aieng_core.gate.regression import baseline_event
 
     store = aieng.store()
     bundle = store.require_current(asset_keys.SERVING_BUNDLE)
@@ -138,9 +139,7 @@ def production_deployment(context: dg.AssetExecutionContext, aieng: AiengResourc
             f"this run was requested for serving_bundle {requested}; the current one is {bundle.id}, which is gated"
         )
     if current["bundle_id"] == bundle.id:
-        promoted = next(
-            (e for e in reversed(production.history()) if e["action"] == "promote" and e["to"] == bundle.id), None
-        )
+        promoted = baseline_event(production)  # the promote event that made it current
         context.log.info(f"production already serves {bundle.id} (sequence {current['sequence']}): not gated again")
         return dg.MaterializeResult(
             data_version=dg.DataVersion(f"{bundle.id}:{current['sequence']}"),
