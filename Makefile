@@ -11,7 +11,7 @@ export DAGSTER_HOME ?= $(AIENG_HOME)/dagster
 DEMO_RANGE ?= 2026-01-01...2026-01-03
 PYTEST_ARGS ?=
 
-.PHONY: install run serve dev lint test bench lock clean-state
+.PHONY: install system-deps run serve dev lint test bench lock clean-state
 
 # torch first, pinned to the CPU build on local disk: a bare `torch` pulls a multi-GB CUDA build.
 # constraints.txt pins every package to the versions the tests last passed with.
@@ -49,14 +49,34 @@ serve: install
 dev: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
+# Debian packages some tests drive as real programs: a PostgreSQL server (the Postgres-backed
+# Dagster instance), Prometheus and headless Chromium. Chromium renders text with fontconfig's
+# fonts; fonts-dejavu-core is named so a screenshot never lacks one.
+SYSTEM_PACKAGES := postgresql prometheus chromium fonts-dejavu-core
+
+## system-deps: apt-get install those packages if one of their programs is missing (no apt at all when every one is there)
+system-deps:
+	@missing=""; \
+	compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing="$$missing postgresql"; \
+	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then sudo=""; elif command -v sudo >/dev/null; then sudo=sudo; else \
+	  echo "make system-deps: missing$$missing; installing the Debian packages $(SYSTEM_PACKAGES) needs root or sudo: install them and run make again" >&2; exit 1; fi; \
+	command -v apt-get >/dev/null || { \
+	  echo "make system-deps: missing$$missing and no apt-get here: install the packages $(SYSTEM_PACKAGES) (Debian names) and run make again" >&2; exit 1; }; \
+	echo "make system-deps: missing$$missing; apt-get install $(SYSTEM_PACKAGES)" >&2; \
+	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(SYSTEM_PACKAGES)
+
 ## lint: formatting, lint rules (incl. the import boundaries) and types; `make test` runs it first
 lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-## test: set up, lint, and run the whole test suite
-test: lint
+## test: set up (Debian packages included), lint, and run the whole test suite
+test: system-deps lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## bench: side-by-side benchmarks, JSON results in bench-results/

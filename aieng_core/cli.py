@@ -19,6 +19,7 @@ from aieng_core.output import emit
 from aieng_core.store import ArtifactIntegrityError, ArtifactNotFound, ArtifactStore
 from aieng_core.store.artifacts import validate_name
 from aieng_core.store.lineage_cli import add_lineage_parser
+from aieng_core.store.store_cli import add_store_parser
 
 # Errors a user can act on: printed as one line, never as a traceback.
 USER_ERRORS = (ConfigError, ArtifactNotFound, ArtifactIntegrityError, FileNotFoundError, FileExistsError, ValueError)
@@ -329,6 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_deploy_parser(commands)
     add_lineage_parser(commands)
+    add_store_parser(commands)
 
     bench = commands.add_parser("bench", help="side-by-side benchmarks against peers, as JSON")
     bench.add_argument("suite", nargs="?", default="data", choices=["data", "model", "serving"])

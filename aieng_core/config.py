@@ -165,6 +165,8 @@ class ServingConfig(_Section):
     default_top_p: float = Field(default=1.0, gt=0.0, le=1.0, strict=False)
     # Wall-clock limit of one request, queue time included: 504 when exceeded.
     request_timeout_s: float = Field(default=60.0, gt=0, strict=False)
+    # Request bodies over this many bytes get 413, read no further than the limit.
+    max_request_bytes: int = Field(default=1 << 20, ge=1024, le=1 << 30)
     # After SIGTERM: how long in-flight requests may take to finish before the server exits.
     drain_timeout_s: float = Field(default=30.0, ge=0, strict=False)
     threads: int = Field(default=0, ge=0)  # 0: torch's default

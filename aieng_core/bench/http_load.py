@@ -10,7 +10,9 @@ for what it asked for: status 200, finish_reason "length", and the server's usag
 equal to the prompt's tokens and max_tokens; one that is not is a failed request, never a
 silently shorter one. With `max_seconds`, a run is bounded: no request is sent after the
 deadline (those are left out of the records returned) and one still unfinished at it fails
-with NOT_FINISHED.
+with NOT_FINISHED. A request may name its own endpoint (`/generate`, checked the same way:
+tokens, prompt_tokens, finish_reason) and whether it streams, so one run can mix them; a
+refusal keeps its status in the record's error (`HTTP 429: ...`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from aieng_core.bench.serving_stats import RequestRecord
 
 REQUEST_TIMEOUT_S = 300.0  # per request; a bench never waits forever on a wedged server
 NOT_FINISHED = "not finished within max_seconds"
+COMPLETIONS = "/v1/completions"
+GENERATE = "/generate"
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,8 @@ class LoadRequest:
     prompt: str
     prompt_tokens: int  # what the server's tokenizer makes of `prompt` (checked against usage)
     max_tokens: int
+    endpoint: str = COMPLETIONS  # or GENERATE (never streamed)
+    stream: bool | None = None  # None: as the run says (COMPLETIONS only)
 
 
 def completion_body(request: LoadRequest, stream: bool) -> dict[str, Any]:
@@ -64,6 +70,16 @@ async def _body_chunks(reader: asyncio.StreamReader, headers: dict[str, str]) ->
         yield await reader.read()
 
 
+def generate_body(request: LoadRequest) -> dict[str, Any]:
+    return {"prompt": request.prompt, "max_new_tokens": request.max_tokens, "temperature": 0.0, "ignore_eos": True}
+
+
+def _check_generate(answer: Any, request: LoadRequest) -> str | None:
+    usage = {"completion_tokens": answer.get("tokens"), "prompt_tokens": answer.get("prompt_tokens")}
+    finish = answer.get("finish_reason")
+    return _check_usage(usage, request) or (None if finish == "length" else f"finish_reason {finish!r}")
+
+
 def _check_usage(usage: Any, request: LoadRequest) -> str | None:
     if not isinstance(usage, dict):
         return "no usage in the response"
@@ -75,9 +91,11 @@ def _check_usage(usage: Any, request: LoadRequest) -> str | None:
 
 
 async def _send(port: int, request: LoadRequest, stream: bool, record: RequestRecord) -> None:
-    payload = json.dumps(completion_body(request, stream)).encode("utf-8")
+    generate = request.endpoint == GENERATE
+    stream = not generate and (stream if request.stream is None else request.stream)
+    payload = json.dumps(generate_body(request) if generate else completion_body(request, stream)).encode("utf-8")
     head = (
-        f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        f"POST {request.endpoint} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
     ).encode("ascii")
     record.sent = time.perf_counter()
@@ -97,6 +115,10 @@ async def _send(port: int, request: LoadRequest, stream: bool, record: RequestRe
                 record.error = f"HTTP {status}: {body[:200]!r}"
                 return
             answer = json.loads(body)
+            if generate:
+                record.error = _check_generate(answer, request)
+                record.ok = record.error is None
+                return
             finish = answer["choices"][0]["finish_reason"]
             record.error = _check_usage(answer.get("usage"), request) or (
                 None if finish == "length" else f"finish_reason {finish!r}"

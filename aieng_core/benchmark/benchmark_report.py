@@ -33,6 +33,7 @@ from aieng_core import asset_keys
 from aieng_core.benchmark.budget import TimeBudget
 from aieng_core.benchmark.summary import summary_metrics
 from aieng_core.config import AiengConfig
+from aieng_core.faults import crash_point
 from aieng_core.hashing import sha256_file, sha256_json
 from aieng_core.store import Artifact, ArtifactIntegrityError, ArtifactSpec, ArtifactStore, Produced, RunInfo
 
@@ -146,6 +147,7 @@ def write_report(staging: Path, report: dict[str, Any]) -> Produced:
 
     text = json.dumps(report, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False)
     (staging / REPORT_FILE).write_text(text + "\n", encoding="utf-8")
+    crash_point("benchmark_report.json_written")
     (staging / THROUGHPUT_PLOT).write_bytes(throughput_png(report))
     (staging / LATENCY_PLOT).write_bytes(latency_png(report))
     content = {name: sha256_file(staging / name) for name in REPORT_FILES}

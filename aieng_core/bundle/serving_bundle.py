@@ -23,6 +23,7 @@ from typing import Any
 from aieng_core import asset_keys
 from aieng_core.bundle.golden import GOLDEN_DEVICE, record_goldens, torch_threads
 from aieng_core.config import AiengConfig, ServingConfig
+from aieng_core.faults import crash_point
 from aieng_core.hashing import sha256_file, sha256_json
 from aieng_core.store import (
     Artifact,
@@ -128,6 +129,7 @@ def produce_bundle_files(
             raise ArtifactIntegrityError(
                 f"{source}: SHA-256 does not match the model's manifest (damaged, or changed while being copied)"
             )
+    crash_point("serving_bundle.model_copied")
     copied = Artifact(
         kind=MODEL_KIND,
         id=model_artifact.id,

@@ -10,7 +10,8 @@ write them). A first pass decodes every member and checks its CRC, so a member w
 fails its checksum is never read as clean text: each of its lines is quarantined on its own
 (SuspectBytes); data before a member's decode error or truncation point is kept. After
 damage, reading resumes at the next position that holds a whole, CRC-verified gzip member.
-Trailing zero bytes are ignored, as GNU gzip does.
+Zero bytes after a member are ignored, as GNU gzip does; a file of zero bytes alone is junk
+(GNU gzip: "not in gzip format"), one unreadable range.
 Output is produced in bounded chunks (`max_length`), so a small bomb never expands in memory.
 """
 
@@ -105,7 +106,9 @@ class ByteSource:
         with open(self.path, "rb") as handle:
             while position < size:
                 if not _has_member_header(handle, position):
-                    if _only_zeros(handle, position, size):
+                    # Zero bytes after a member are padding; a file of zero bytes alone (what a
+                    # crash can leave of a preallocated file) holds no member: it is junk.
+                    if segments and _only_zeros(handle, position, size):
                         break  # padding after the last member
                     resume = _next_member(handle, position + 1, size, budget)
                     end = size if resume is None else resume

@@ -35,12 +35,13 @@ from aieng_core.data.tables import (
     num_rows,
     parquet_writer,
 )
+from aieng_core.faults import crash_point
 from aieng_core.hashing import ColumnHasher, sha256_json
 from aieng_core.progress import Progress
 from aieng_core.store import Artifact, ArtifactSpec, ArtifactStore, Produced, RunInfo
 
 KIND = asset_keys.CLEAN_DOCUMENTS
-CODE_VERSION = "clean_documents-v2"
+CODE_VERSION = "clean_documents-v3"  # v3: a .gz file of zero bytes alone is one unreadable record
 # Text over this many times max_chars is too_long before any cleaning or Unicode work, which
 # bounds the cost of NFC. The margin leaves room for what cleaning removes (NFC composes at
 # most 4 code points into 1; collapsed whitespace and control characters); text that needs
@@ -237,6 +238,7 @@ def clean_partition(
                 quarantine_batch = pa.RecordBatch.from_pydict(quarantine, schema=QUARANTINE_SCHEMA)
                 quarantine_hash.update(quarantine_batch)
                 quarantine_out.write_batch(quarantine_batch)
+            crash_point("clean_documents.batch_written")
             progress.update(f"{cleaner.rows_in} rows read, {cleaner.rows_clean} clean")
     metrics = {**cleaner.metrics(), "rows_expected": sum(t["expected"] for t in tallies), "files": tallies}
     progress.update(

@@ -23,6 +23,7 @@ from typing import Any, BinaryIO
 from aieng_core import asset_keys
 from aieng_core.config import AiengConfig
 from aieng_core.data.readers import DATA_SUFFIXES, is_data_file
+from aieng_core.faults import crash_point
 from aieng_core.hashing import CHUNK_BYTES, sha256_json, sha256_stream
 from aieng_core.home import raw_partition_dir
 from aieng_core.store import Artifact, ArtifactIntegrityError, ArtifactSpec, ArtifactStore, Produced, RunInfo
@@ -147,6 +148,7 @@ def build_raw_documents(
         (staging / FILES_DIR).mkdir()
         for source in sources:
             _copy_verified(source["path"], staging / FILES_DIR / source["name"], source["sha256"])
+            crash_point("raw_documents.file_copied")
         return Produced(
             content_sha256=sha256_json(identity),
             metrics={"files": len(sources), "bytes": sum(s["size"] for s in sources)},

@@ -30,6 +30,7 @@ from aieng_core.config import AiengConfig
 from aieng_core.data.tables import TOKENS_FILE, iter_batches
 from aieng_core.dataset.consistency import staleness
 from aieng_core.dataset.split import METHOD, TRAIN, VALIDATION, split_of
+from aieng_core.faults import crash_point
 from aieng_core.hashing import sha256_file, sha256_json
 from aieng_core.store import Artifact, ArtifactNotFound, ArtifactSpec, ArtifactStore, Produced, RunInfo
 from aieng_core.tokenizer.bpe_tokenizer import KIND as TOKENIZER_KIND
@@ -145,6 +146,7 @@ def build_dataset_manifest(
                         **counts,
                     }
                 )
+                crash_point("dataset_manifest.partition_split")
         totals = {key: sum(entry[key] for entry in entries) for key in entries[0] if key not in ("partition", "sha256")}
         content = {
             "partitions": entries,

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from aieng_core.bundle.serving_bundle import KIND
+from aieng_core.faults import crash_point
 from aieng_core.hashing import canonical_json
 from aieng_core.store import Artifact, ArtifactIntegrityError, ArtifactNotFound, ArtifactStore, InvalidArtifactName
 from aieng_core.store.artifacts import MANIFEST, is_valid_name, validate_name
@@ -505,6 +506,7 @@ class Deployments:
         # the worst a crash leaves is a line (sequence above current.json's) whose change was
         # never applied: current.json stays the truth and status() reports the line as unapplied.
         self._append_history(canonical_json(event) + b"\n")
+        crash_point("deploy.history_appended")
         atomic_write_bytes(self.current_path, canonical_json(state))
         return event
 

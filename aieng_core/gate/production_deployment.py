@@ -20,9 +20,7 @@ the config the gate's servers ran with and their logs.
 
 from __future__ import annotations
 
-import fcntl
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -48,6 +46,7 @@ from aieng_core.gate.server_env import write_config
 from aieng_core.gate.stress import stress_step
 from aieng_core.gate.verify_step import verify_step
 from aieng_core.gate.warmup import warmup_step
+from aieng_core.store.file_lock import exclusive_lock
 
 KIND = asset_keys.PRODUCTION_DEPLOYMENT
 CODE_VERSION = "production_deployment-v1"
@@ -99,24 +98,12 @@ def run_gate(
     would be measured in the first one's figures. A second gate waits for the first (each
     is bounded in time), then finds out whether there is still anything to gate."""
     home = Path(home)
-    lock_path = home / "deployments" / GATE_LOCK
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        if not _try_lock(fd):
-            logger.info(f"gate {bundle_id}: another gate is running on {home}; waiting for it to finish")
-            fcntl.flock(fd, fcntl.LOCK_EX)
+
+    def waiting() -> None:
+        logger.info(f"gate {bundle_id}: another gate is running on {home}; waiting for it to finish")
+
+    with exclusive_lock(home / "deployments" / GATE_LOCK, on_wait=waiting):
         return _run_gate(home, config, bundle_id, run_id, actor, logger)
-    finally:
-        os.close(fd)  # releases the lock
-
-
-def _try_lock(fd: int) -> bool:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
 
 
 def _run_gate(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints, ValidationInfo, field_validator
 
 from aieng_core.serving.request import FinishReason, SamplingParams
 
@@ -32,6 +32,15 @@ REQUEST_ID_PATTERN = r"^[A-Za-z0-9._:\-/]{1,128}$"
 RequestId = Annotated[str, StringConstraints(pattern=REQUEST_ID_PATTERN)]
 Prompt = Annotated[str, StringConstraints(min_length=1, max_length=MAX_PROMPT_CHARS)]
 StopString = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_CHARS)]
+
+
+def json_number(value: Any) -> Any:
+    """A number field's input, refused where pydantic's lax mode would read a number into it
+    (true as 1, "16" as 16): the API takes what its OpenAPI document says. A float without a
+    fraction (16.0) is still an integer, as JSON Schema has it. Booleans are StrictBool."""
+    if isinstance(value, bool | str):
+        raise ValueError(f"expected a number, got {type(value).__name__} {value!r}")
+    return value
 
 
 class _Body(BaseModel):
@@ -60,7 +69,12 @@ class SamplingOptions(_Body):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0, allow_inf_nan=False)
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     stop: list[StopString] | None = Field(default=None, max_length=MAX_STOP_STRINGS)
-    ignore_eos: bool = False
+    ignore_eos: StrictBool = False
+
+    @field_validator("max_new_tokens", "temperature", "top_k", "top_p", "seed", mode="before")
+    @classmethod
+    def _numbers_only(cls, value: Any) -> Any:
+        return json_number(value)
 
     def sampling_params(self, defaults: RequestDefaults) -> SamplingParams:
         return SamplingParams(
@@ -108,9 +122,9 @@ class PredictResponse(_Response):
 
 
 class StreamOptions(_Body):
-    include_usage: bool | None = None
+    include_usage: StrictBool | None = None
     # vLLM's extension: usage in every chunk. Accepted only at its neutral value.
-    continuous_usage_stats: bool | None = None
+    continuous_usage_stats: StrictBool | None = None
 
     @field_validator("continuous_usage_stats")
     @classmethod
@@ -134,22 +148,39 @@ class CompletionRequest(_Body):
     top_p: float | None = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     # vLLM: -1 (or 0) means no top-k cut.
     top_k: int | None = Field(default=None, ge=-1, le=MAX_TOP_K)
-    stream: bool | None = False
+    stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     stop: StopString | list[StopString] | None = Field(default=None)
     seed: int | None = Field(default=None, ge=-(1 << 63), le=MAX_SEED)
     user: Annotated[str, StringConstraints(max_length=256)] | None = None
-    ignore_eos: bool | None = False
+    ignore_eos: StrictBool | None = False
     request_id: RequestId | None = None
     # Parameters of the OpenAI API this server does not implement: neutral values only.
     n: int | None = Field(default=1, ge=1, le=128)
     best_of: int | None = Field(default=None, ge=1, le=128)
     logprobs: int | None = Field(default=None, ge=0, le=20)
-    echo: bool | None = False
+    echo: StrictBool | None = False
     presence_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
     frequency_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
     logit_bias: dict[str, float] | None = Field(default=None, max_length=1024)
     suffix: Annotated[str, StringConstraints(max_length=MAX_PROMPT_CHARS)] | None = None
+
+    @field_validator(
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "n",
+        "best_of",
+        "logprobs",
+        "presence_penalty",
+        "frequency_penalty",
+        mode="before",
+    )
+    @classmethod
+    def _numbers_only(cls, value: Any) -> Any:
+        return json_number(value)
 
     @field_validator("prompt")
     @classmethod
@@ -263,6 +294,48 @@ class ModelList(_Response):
 
 class ReloadRequest(_Body):
     bundle: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
+
+
+# The bodies below are declared in the OpenAPI document only (the handlers return dicts):
+# they describe what the server answers and never filter it.
+
+
+class ReloadResponse(_Response):
+    bundle_id: str
+    previous_bundle_id: str | None
+    bundle_path: str
+    warmup: dict[str, Any]
+
+
+class LiveStatus(_Response):
+    status: Literal["live"]
+
+
+class DeploymentInfo(_Response):
+    """The deployment pointer a server follows (`aieng serve --deployment current`)."""
+
+    pointer: str
+    bundle_id: str | None
+    sequence: int
+    refused: bool
+
+
+class ReadyStatus(_Response):
+    status: Literal["ready"]
+    bundle_id: str
+    deployment: DeploymentInfo | None = None
+
+
+class VersionInfo(_Response):
+    bundle_id: str
+    bundle_path: str
+    deployment: DeploymentInfo | None
+    code_version: str | None
+    created_at: str | None
+    git_commit: str | None
+    server_version: str
+    inputs: list[dict[str, Any]]
+    lineage: dict[str, Any] | None
 
 
 class ErrorDetail(_Response):

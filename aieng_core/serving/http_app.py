@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import hmac
 import importlib
 import importlib.metadata
@@ -38,7 +39,7 @@ from typing import Any
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -51,16 +52,27 @@ from aieng_core.serving.api_models import (
     CompletionResponse,
     GenerateRequest,
     GenerateResponse,
+    LiveStatus,
     ModelCard,
     ModelList,
     PredictOutput,
     PredictRequest,
     PredictResponse,
+    ReadyStatus,
     ReloadRequest,
+    ReloadResponse,
     RequestDefaults,
     Usage,
+    VersionInfo,
     error_body,
 )
+from aieng_core.serving.api_schema import (
+    ADMIN_OPERATION,
+    EVENT_STREAM,
+    error_responses,
+    finish_openapi,
+)
+from aieng_core.serving.body_limit import BodyLimitMiddleware
 from aieng_core.serving.device import resolve_device
 from aieng_core.serving.logs import bind_request, current_context, unbind_request
 from aieng_core.serving.metrics import RequestTracker, ServingMetrics
@@ -133,7 +145,11 @@ def validation_error(errors: Sequence[Any], skip: int = 0) -> ApiError:
     if kind == "extra_forbidden":
         message = f"unknown field '{where}'"
         code = "unknown_field"
-    elif kind in ("json_invalid", "model_attributes_type", "dict_type") and not loc:
+    elif kind == "json_invalid":  # its location is a character position, not a field
+        at = f" at character {loc[0]}" if loc else ""
+        message = f"the request body is not valid JSON ({first.get('ctx', {}).get('error', 'unreadable')}{at})"
+        param, code = None, "invalid_json"
+    elif kind in ("model_attributes_type", "dict_type") and not loc:
         message = "the request body must be a JSON object"
         code = "invalid_json"
     else:
@@ -213,6 +229,8 @@ class ServingState:
         self.config = config
         self.admin_token = admin_token or None
         self.metrics = ServingMetrics()
+        self.metrics.ready.set_function(lambda: float(self.ready))
+        self.metrics.max_waiting.set(config.serving.max_waiting)
         self.phase = "loading"  # loading -> ready | failed
         self.error: str | None = None
         self.current: Deployment | None = None
@@ -722,7 +740,11 @@ def create_app(
 
     app = FastAPI(title="aieng", version=_server_version(), lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.serving = state
+    # Added first, so it runs inside RequestContextMiddleware: a 413 is logged and counted too.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.serving.max_request_bytes)
     app.add_middleware(RequestContextMiddleware, state=state)
+    fastapi_openapi = app.openapi
+    app.openapi = lambda: finish_openapi(fastapi_openapi(), config.serving)  # type: ignore[method-assign]
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
@@ -795,7 +817,7 @@ def create_app(
         # Nobody reads this; 499 (nginx's "client closed request") keeps the metrics honest.
         return Response(status_code=499)
 
-    @app.post("/generate", response_model=GenerateResponse)
+    @app.post("/generate", response_model=GenerateResponse, responses=error_responses(400, 413, 429, 500, 503, 504))
     async def generate(request: Request, body: GenerateRequest) -> Any:
         request_id = request_id_for(body.request_id)
         defaults = state.current.defaults if state.current is not None else RequestDefaults()
@@ -815,7 +837,7 @@ def create_app(
             prompt_tokens=output.prompt_tokens,
         )
 
-    @app.post("/predict", response_model=PredictResponse)
+    @app.post("/predict", response_model=PredictResponse, responses=error_responses(400, 413, 429, 500, 503, 504))
     async def predict(request: Request, body: PredictRequest) -> Any:
         request_id = request_id_for(body.request_id)
         defaults = state.current.defaults if state.current is not None else RequestDefaults()
@@ -833,7 +855,11 @@ def create_app(
             latency_ms=generation.latency_ms(),
         )
 
-    @app.post("/v1/completions", response_model=CompletionResponse)
+    @app.post(
+        "/v1/completions",
+        response_model=CompletionResponse,
+        responses={**EVENT_STREAM, **error_responses(400, 404, 413, 429, 500, 503, 504)},
+    )
     async def completions(request: Request, body: CompletionRequest) -> Any:
         request_id = request_id_for(body.request_id)
         params = _params(body.sampling_params, rename=OPENAI_NAMES)
@@ -925,11 +951,11 @@ def create_app(
             return ModelList(data=[])
         return ModelList(data=[ModelCard(id=deployment.bundle_id, created=int(deployment.loaded_at))])
 
-    @app.get("/health/live")
+    @app.get("/health/live", responses={200: {"model": LiveStatus}})
     async def live() -> Any:
         return {"status": "live"}
 
-    @app.get("/health/ready")
+    @app.get("/health/ready", responses={200: {"model": ReadyStatus}, **error_responses(503)})
     async def ready() -> Any:
         if state.ready and state.current is not None:
             if state.following is not None:  # what the pointer names, which may differ while a swap loads
@@ -945,7 +971,7 @@ def create_app(
             raise ApiError(503, state.no_bundle_message(), "unavailable", code="no_deployment")
         raise ApiError(503, "loading: the bundle is being loaded and warmed up", "unavailable", code="loading")
 
-    @app.get("/version")
+    @app.get("/version", responses={200: {"model": VersionInfo}, **error_responses(503)})
     async def version() -> Any:
         deployment = state.current
         if deployment is None:
@@ -965,18 +991,25 @@ def create_app(
             "lineage": manifest.get("lineage"),
         }
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
         if state.current is not None:
             state.metrics.observe_engine(state.current.loop.stats())
         return Response(state.metrics.render(), media_type=state.metrics.content_type)
 
-    @app.post("/admin/reload")
+    @app.post(
+        "/admin/reload",
+        responses={200: {"model": ReloadResponse}, **error_responses(400, 401, 403, 404, 409, 413, 422, 503)},
+        openapi_extra=ADMIN_OPERATION,
+    )
     async def admin_reload(request: Request) -> Any:
         token = state.admin_token
         if token is None:
             raise ApiError(
-                404, "the admin API is disabled: AIENG_ADMIN_TOKEN is not set", "not_found_error", code="disabled"
+                404,
+                "the admin API is disabled: start the server with AIENG_ADMIN_TOKEN in its environment to enable it",
+                "not_found_error",
+                code="disabled",
             )
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
@@ -987,7 +1020,11 @@ def create_app(
                 param="Authorization",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        if not hmac.compare_digest(given.strip().encode("utf-8"), token.encode("utf-8")):
+        # The bytes the client sent against the token's bytes, compared as digests of equal
+        # length: the time taken tells nothing of the token, not even its length.
+        sent = hashlib.sha256(given.strip().encode("latin-1")).digest()
+        expected = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+        if not hmac.compare_digest(sent, expected):
             raise ApiError(403, "Authorization: wrong admin token", "permission_error", param="Authorization")
         try:
             body = ReloadRequest.model_validate_json(await request.body())

@@ -55,6 +55,7 @@ METRIC_HELP: dict[str, str] = {
     "aieng_request_queue_time_seconds": "Time a request waited for a KV-cache slot before its prefill.",
     "aieng_num_requests_running": "Requests holding a KV-cache slot (being decoded).",
     "aieng_num_requests_waiting": "Requests queued for a KV-cache slot.",
+    "aieng_max_num_requests_waiting": "Requests the queue holds before new ones get 429 (serving.max_waiting).",
     "aieng_request_success_total": "Requests the engine finished, by finish reason (stop, length, cancelled, ...).",
     "aieng_prompt_tokens_total": "Prompt tokens of finished requests.",
     "aieng_generation_tokens_total": "Tokens generated (cancelled requests' tokens included).",
@@ -66,6 +67,7 @@ METRIC_HELP: dict[str, str] = {
     "aieng_batch_size": "Sequences run by one engine step (prefill plus decode).",
     "aieng_requests_rejected_total": "Generation requests refused: overloaded (429), draining (503), timeout (504).",
     "aieng_bundle_info": "The serving bundle in use (label bundle_id), always 1.",
+    "aieng_ready": "1 while /health/ready answers 200 (a bundle loaded and warm, not draining), else 0.",
 }
 
 REJECT_REASONS = ("overloaded", "draining", "not_ready", "timeout")
@@ -109,6 +111,10 @@ class ServingMetrics:
         self.batch_size = Histogram("aieng_batch_size", h["aieng_batch_size"], buckets=BATCH_SIZE_BUCKETS, registry=r)
         self.running = Gauge("aieng_num_requests_running", h["aieng_num_requests_running"], registry=r)
         self.waiting = Gauge("aieng_num_requests_waiting", h["aieng_num_requests_waiting"], registry=r)
+        # The queue's limit and the readiness, so that alerts need no copy of the config and
+        # see what a load balancer sees (configs/alerts.yml: queue near full, not ready).
+        self.max_waiting = Gauge("aieng_max_num_requests_waiting", h["aieng_max_num_requests_waiting"], registry=r)
+        self.ready = Gauge("aieng_ready", h["aieng_ready"], registry=r)
         # Counter names are given without _total: prometheus_client appends it.
         self.success = Counter(
             "aieng_request_success", h["aieng_request_success_total"], ["finished_reason"], registry=r

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aieng_core.faults import crash_point
 from aieng_core.hashing import canonical_json, sha256_file, sha256_json
-from aieng_core.store.atomic import atomic_directory, atomic_write_bytes
+from aieng_core.store.atomic import TargetExists, atomic_directory, atomic_write_bytes
 from aieng_core.store.provenance import git_commit, library_versions
 
 MANIFEST = "manifest.json"
@@ -381,12 +382,16 @@ class ArtifactStore:
                     **produced.extra,
                 }
                 (staging / MANIFEST).write_bytes(json.dumps(manifest, indent=2, sort_keys=True).encode("utf-8"))
-        except FileExistsError:
+                crash_point(f"artifact.staged:{spec.kind}")
+        except TargetExists as exc:
+            if exc.target != target:  # the builder's own atomic write (a checkpoint, say) lost a race
+                raise
             # A concurrent writer finished the same recipe first: its artifact is equivalent.
             existing = self.check(self.get(spec.kind, artifact_id))
             artifact = Artifact(spec.kind, artifact_id, target, existing.manifest, reused=True)
             self.set_current(artifact)
             return artifact
         artifact = Artifact(spec.kind, artifact_id, target, manifest, reused=False)
+        crash_point(f"artifact.published:{spec.kind}")
         self.set_current(artifact)
         return artifact

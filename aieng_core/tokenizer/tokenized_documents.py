@@ -17,6 +17,7 @@ from aieng_core import asset_keys
 from aieng_core.config import AiengConfig
 from aieng_core.data.clean_documents import KIND as CLEAN_KIND
 from aieng_core.data.tables import CLEAN_FILE, TOKENS_FILE, TOKENS_SCHEMA, iter_batches, parquet_writer
+from aieng_core.faults import crash_point
 from aieng_core.hashing import ColumnHasher
 from aieng_core.progress import Progress
 from aieng_core.store import Artifact, ArtifactSpec, ArtifactStore, Produced, RunInfo
@@ -71,6 +72,7 @@ def tokenize_file(
             )
             hasher.update(tokens_batch)
             writer.write_batch(tokens_batch)
+            crash_point("tokenized_documents.batch_written")
             rows += len(ids)
             tokens += int(lengths.sum())
             progress.update(f"{rows} documents, {tokens} tokens")

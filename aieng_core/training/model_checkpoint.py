@@ -27,9 +27,11 @@ from typing import TYPE_CHECKING, Any
 from aieng_core import asset_keys
 from aieng_core.config import AiengConfig
 from aieng_core.dataset.dataset_manifest import KIND as DATASET_KIND
+from aieng_core.faults import crash_point
 from aieng_core.hashing import sha256_file, sha256_json
 from aieng_core.model.memory import BYTES_PER_PARAMETER, memory_budget
 from aieng_core.store import Artifact, ArtifactSpec, ArtifactStore, Produced, RunInfo
+from aieng_core.store.file_lock import exclusive_lock
 from aieng_core.tokenizer.bpe import TOKENIZER_FILES, load_tokenizer, special_token_id
 from aieng_core.tokenizer.bpe_tokenizer import KIND as TOKENIZER_KIND
 
@@ -166,26 +168,32 @@ def build_model_checkpoint(
             raise _StoppedEarly(trained)
         return _write_artifact(staging, trained, tokenizer, config, device)
 
-    # A model stopped by max_minutes is not the full recipe's: produce() raises it out of that build
-    # (its staging directory is discarded) and it is published under a recipe recording its steps.
-    try:
-        artifact = store.build(spec, produce, run, logger)
-    except _StoppedEarly as stopped:
-        trained = stopped.trained
-        partial = replace(
-            spec, recipe={**spec.recipe, "steps": trained.outcome.steps, "stopped_by": trained.outcome.stopped_by}
-        )
-        artifact = store.build(
-            partial, lambda staging: _write_artifact(staging, trained, tokenizer, config, device), run, logger
-        )
-        logger.warning(
-            f"{KIND}: stopped by max_minutes after {trained.outcome.steps} of {config.training.max_steps} steps; "
-            f"published the partial model as {artifact.id}; materialize again to resume from step "
-            f"{trained.outcome.steps} (checkpoint in {work_dir})"
-        )
+    # Two runs of one recipe (racing materializations) would train into one work dir: the second
+    # waits here for the first, then finds its artifact and reuses it.
+    def waiting() -> None:
+        logger.info(f"{KIND}: another process is training {spec.artifact_id()}; waiting for it, then reusing")
+
+    with exclusive_lock(work_dir.parent / f"{work_dir.name}.lock", on_wait=waiting):
+        # A model stopped by max_minutes is not the full recipe's: produce() raises it out of that build
+        # (its staging directory is discarded) and it is published under a recipe recording its steps.
+        try:
+            artifact = store.build(spec, produce, run, logger)
+        except _StoppedEarly as stopped:
+            trained = stopped.trained
+            partial = replace(
+                spec, recipe={**spec.recipe, "steps": trained.outcome.steps, "stopped_by": trained.outcome.stopped_by}
+            )
+            artifact = store.build(
+                partial, lambda staging: _write_artifact(staging, trained, tokenizer, config, device), run, logger
+            )
+            logger.warning(
+                f"{KIND}: stopped by max_minutes after {trained.outcome.steps} of {config.training.max_steps} steps; "
+                f"published the partial model as {artifact.id}; materialize again to resume from step "
+                f"{trained.outcome.steps} (checkpoint in {work_dir})"
+            )
+            return artifact
+        shutil.rmtree(work_dir, ignore_errors=True)  # the artifact is complete; resume state is no longer needed
         return artifact
-    shutil.rmtree(work_dir, ignore_errors=True)  # the artifact is complete; resume state is no longer needed
-    return artifact
 
 
 def _write_artifact(
@@ -196,6 +204,7 @@ def _write_artifact(
 
     outcome = trained.outcome
     save_model_dir(outcome.model, staging)
+    crash_point("model_checkpoint.weights_saved")
     for name in TOKENIZER_FILES:
         shutil.copyfile(tokenizer.path / name, staging / name)
     final = outcome.history[-1]

@@ -26,6 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from aieng_core.config import TrainingConfig
+from aieng_core.faults import crash_point
 from aieng_core.model.llama import LlamaConfig, LlamaForCausalLM
 from aieng_core.model.weights import load_into, unique_state_dict
 from aieng_core.store.atomic import atomic_directory
@@ -135,11 +136,13 @@ def save_training_checkpoint(
     target = work_dir / f"{CHECKPOINT_PREFIX}{state['step']:08d}"
     with atomic_directory(target) as staging:
         save_file(unique_state_dict(model), staging / "model.safetensors")
+        crash_point("training.checkpoint_weights_written")
         save_file(tensors, staging / "optimizer.safetensors")
         save_file({"batch_generator": generator.get_state()}, staging / "rng.safetensors")
         (staging / "state.json").write_text(
             json.dumps({**state, "param_groups": optimizer_state["param_groups"]}, indent=2)
         )
+    crash_point("training.checkpointed")
     for older in work_dir.glob(f"{CHECKPOINT_PREFIX}*"):
         if older != target:
             shutil.rmtree(older, ignore_errors=True)

@@ -29,7 +29,7 @@ def test_a_code_change_without_a_version_bump_is_caught(tmp_path: Path, monkeypa
     )
     monkeypatch.setattr(code_versions, "PACKAGE", copy)
     (problem,) = code_versions.problems()
-    assert problem.startswith("clean_documents: its source changed but CODE_VERSION is still 'clean_documents-v2'")
+    assert problem.startswith("clean_documents: its source changed but CODE_VERSION is still 'clean_documents-v3'")
 
 
 def test_comments_docstrings_and_formatting_need_no_bump(tmp_path: Path, monkeypatch) -> None:

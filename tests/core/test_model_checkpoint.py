@@ -14,9 +14,11 @@ import itertools
 import json
 import math
 import shutil
+import threading
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -666,3 +668,51 @@ def test_cli_model_train_without_a_dataset_is_a_one_line_error(tmp_path: Path, c
     assert code == 1 and out == ""
     assert err.startswith("aieng: error: dataset_manifest has not been materialized")
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+class _SignalingLogger:
+    """A logger that sets `waiting` when a build says it waits for another trainer."""
+
+    def __init__(self) -> None:
+        self.waiting = threading.Event()
+        self.lines: list[str] = []
+
+    def info(self, message: str) -> None:
+        self.lines.append(message)
+        if "waiting for it, then reusing" in message:
+            self.waiting.set()
+
+    warning = info
+
+
+def test_two_racing_trainings_of_one_recipe_train_once_and_the_second_reuses(trained: Trained, tmp_path: Path) -> None:
+    store = copy_of(trained, tmp_path / "home")
+    config = short_config(trained.config)
+    first_started = threading.Event()
+    second_log = _SignalingLogger()
+    results: dict[str, Artifact] = {}
+    second_steps: list[int] = []
+
+    def first_on_step(step: int, record: dict) -> None:
+        first_started.set()
+        # Hold the first training until the second is seen waiting: the race is certain, not hoped for.
+        assert second_log.waiting.wait(timeout=60), "the second build never waited for the first"
+
+    def run(name: str, **kwargs: Any) -> None:
+        results[name] = build_model_checkpoint(ArtifactStore(store.home), config, **kwargs)
+
+    first = threading.Thread(target=run, args=("first",), kwargs={"on_step": first_on_step})
+    first.start()
+    assert first_started.wait(timeout=120)
+    second = threading.Thread(
+        target=run, args=("second",), kwargs={"on_step": lambda s, r: second_steps.append(s), "logger": second_log}
+    )
+    second.start()
+    first.join(timeout=300)
+    second.join(timeout=300)
+    assert set(results) == {"first", "second"}
+    assert (results["first"].reused, results["second"].reused) == (False, True)
+    assert results["first"].id == results["second"].id
+    assert second_steps == []  # the second never trained
+    assert store.verify(store.get(KIND, results["first"].id)) == []
+    assert store.require_current(KIND).id == results["first"].id

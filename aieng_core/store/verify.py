@@ -1,0 +1,243 @@
+"""`aieng store verify`: is everything in $AIENG_HOME whole, and what did crashed writers leave?
+
+- Every artifact under artifacts/<kind>/<id>/ is re-hashed against its manifest
+  (ArtifactStore.verify); a directory without a readable manifest, or whose manifest names
+  another kind or id, is damaged too.
+- Every ref (refs/<kind>/<partition>.json) and every deployment pointer
+  (deployments/<pointer>/current.json) must name an artifact that exists and is intact.
+- Staging left beside targets (`.<name>.tmp-XXXXXXXX` directories and files: artifacts,
+  refs, training checkpoints, deployment pointers, gate reports) is listed with whether a
+  live writer still owns it; `gc=True` removes those none does (store/atomic.py says how
+  ownership is decided).
+
+Damage (a damaged artifact, a bad ref) makes `ok` false. Staging that no live writer owns is a
+warning, not damage: atomic writes make it invisible to every reader, it only takes space.
+Damaged copies that a rebuild moved aside (`.damaged-<id>-<time>`) are listed, never removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from aieng_core import asset_keys
+from aieng_core.store.artifacts import (
+    MANIFEST,
+    UNPARTITIONED,
+    ArtifactIntegrityError,
+    ArtifactNotFound,
+    ArtifactStore,
+    is_valid_name,
+)
+from aieng_core.store.atomic import is_temporary, owner_alive, remove_if_abandoned
+
+# The directories of $AIENG_HOME that aieng writes with atomic writes (raw/ is the landing
+# folder, written by programs we do not own; a DAGSTER_HOME inside the home is Dagster's).
+STATE_DIRS = ("artifacts", "refs", "work", "deployments")
+DEPLOYMENTS_DIR = "deployments"
+POINTER_FILE = "current.json"
+SET_ASIDE_PREFIX = ".damaged-"
+BUNDLE_KIND = asset_keys.SERVING_BUNDLE
+
+
+def verify_store(home: Path, gc: bool = False) -> dict[str, Any]:
+    """`{ok, home, artifacts_checked, damaged, bad_refs, staging, removed, stale_staging,
+    set_aside, unexpected}`; see the module docstring."""
+    home = Path(home)
+    if not home.is_dir():
+        raise FileNotFoundError(f"AIENG_HOME {home} does not exist (set AIENG_HOME or --home)")
+    store = ArtifactStore(home)
+    damaged, intact, set_aside, unexpected = _check_artifacts(store)
+    bad_refs = _check_refs(store, intact, unexpected) + _check_pointers(store, intact)
+    staging: list[dict[str, Any]] = [
+        {"path": str(path), "type": "directory" if path.is_dir() else "file", "owner_alive": owner_alive(path)}
+        for path in find_staging(home)
+    ]
+    removed = [entry["path"] for entry in staging if gc and remove_if_abandoned(Path(entry["path"]))]
+    return {
+        "ok": not damaged and not bad_refs,
+        "home": str(home),
+        "artifacts_checked": len(damaged) + len(intact),
+        "damaged": damaged,
+        "bad_refs": bad_refs,
+        "staging": staging,
+        "removed": removed,
+        # What is left that no live writer owns: zero after --gc (unless a writer died meanwhile).
+        "stale_staging": sum(1 for e in staging if not e["owner_alive"] and e["path"] not in removed),
+        "set_aside": set_aside,
+        "unexpected": unexpected,
+    }
+
+
+def _check_artifacts(
+    store: ArtifactStore,
+) -> tuple[list[dict[str, Any]], set[tuple[str, str]], list[str], list[str]]:
+    damaged: list[dict[str, Any]] = []
+    intact: set[tuple[str, str]] = set()
+    set_aside: list[str] = []
+    unexpected: list[str] = []
+    if not store.root.is_dir():
+        return damaged, intact, set_aside, unexpected
+    for kind_dir in sorted(store.root.iterdir()):
+        if not (is_valid_name(kind_dir.name) and _is_real_dir(kind_dir)):
+            unexpected.append(str(kind_dir))
+            continue
+        for entry in sorted(kind_dir.iterdir()):
+            if is_temporary(entry.name):
+                continue  # staging: find_staging lists it
+            if entry.name.startswith(SET_ASIDE_PREFIX):
+                set_aside.append(str(entry))
+            elif not (is_valid_name(entry.name) and _is_real_dir(entry)):
+                unexpected.append(str(entry))
+            else:
+                problems = _artifact_problems(store, kind_dir.name, entry.name)
+                if problems:
+                    damaged.append({"kind": kind_dir.name, "id": entry.name, "path": str(entry), "problems": problems})
+                else:
+                    intact.add((kind_dir.name, entry.name))
+    return damaged, intact, set_aside, unexpected
+
+
+def _artifact_problems(store: ArtifactStore, kind: str, artifact_id: str) -> list[str]:
+    try:
+        artifact = store.get(kind, artifact_id)
+    except ArtifactNotFound:
+        return [f"{store.artifact_dir(kind, artifact_id) / MANIFEST}: missing (never written completely)"]
+    except ArtifactIntegrityError as exc:
+        return [str(exc)]
+    manifest = artifact.manifest
+    if not isinstance(manifest, dict):
+        return [f"{artifact.path / MANIFEST}: not a JSON object"]
+    named = (manifest.get("kind"), manifest.get("id"))
+    if named != (kind, artifact_id):
+        return [f"{artifact.path / MANIFEST}: names {named[0]} {named[1]}, not {kind} {artifact_id}"]
+    return store.verify(artifact)
+
+
+def _check_refs(store: ArtifactStore, intact: set[tuple[str, str]], unexpected: list[str]) -> list[dict[str, Any]]:
+    bad: list[dict[str, Any]] = []
+    if not store.refs.is_dir():
+        return bad
+    for kind_dir in sorted(store.refs.iterdir()):
+        if not (is_valid_name(kind_dir.name) and _is_real_dir(kind_dir)):
+            unexpected.append(str(kind_dir))
+            continue
+        for ref in sorted(kind_dir.iterdir()):
+            if is_temporary(ref.name):
+                continue
+            stem = ref.name.removesuffix(".json")
+            if not ref.name.endswith(".json") or not (stem == UNPARTITIONED or is_valid_name(stem)):
+                unexpected.append(str(ref))
+                continue
+            partition = None if stem == UNPARTITIONED else stem
+            problem, artifact_id = _ref_problem(store, kind_dir.name, partition, intact)
+            if problem is not None:
+                bad.append(
+                    {
+                        "ref": str(ref),
+                        "kind": kind_dir.name,
+                        "partition": partition,
+                        "id": artifact_id,
+                        "problem": problem,
+                    }
+                )
+    return bad
+
+
+def _ref_problem(
+    store: ArtifactStore, kind: str, partition: str | None, intact: set[tuple[str, str]]
+) -> tuple[str | None, Any]:
+    """(why the ref is bad or None, the id it names)."""
+    ref = store.refs / kind / f"{partition or UNPARTITIONED}.json"
+    try:
+        record = json.loads(ref.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return f"unreadable: {exc}", None
+    artifact_id = record.get("id") if isinstance(record, dict) else None
+    try:
+        artifact = store.current(kind, partition)
+    except (ArtifactNotFound, ArtifactIntegrityError) as exc:  # a bad id, or no such artifact
+        return str(exc), artifact_id
+    if artifact is None:
+        return "vanished while being checked", artifact_id
+    if (kind, artifact.id) not in intact:
+        return f"points at {kind} {artifact.id}, which is damaged", artifact_id
+    return None, artifact_id
+
+
+def _check_pointers(store: ArtifactStore, intact: set[tuple[str, str]]) -> list[dict[str, Any]]:
+    """Each deployment pointer must name an intact serving_bundle (or nothing)."""
+    bad: list[dict[str, Any]] = []
+    directory = store.home / DEPLOYMENTS_DIR
+    if not directory.is_dir():
+        return bad
+    for pointer in sorted(directory.iterdir()):
+        current = pointer / POINTER_FILE
+        if not (_is_real_dir(pointer) and current.is_file()):
+            continue  # gate reports, locks, a pointer never switched
+        try:
+            record = json.loads(current.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            bad.append({"ref": str(current), "kind": BUNDLE_KIND, "partition": None, "id": None, "problem": str(exc)})
+            continue
+        bundle_id = record.get("bundle_id") if isinstance(record, dict) else None
+        if bundle_id is None:
+            continue  # nothing deployed (a rollback to no bundle)
+        if not isinstance(bundle_id, str) or not is_valid_name(bundle_id):
+            problem = f"bundle_id {bundle_id!r} is not a valid artifact id"
+        elif (BUNDLE_KIND, bundle_id) not in intact:
+            exists = (store.root / BUNDLE_KIND / bundle_id).is_dir()
+            problem = f"{BUNDLE_KIND} {bundle_id} is {'damaged' if exists else 'not in the store'}"
+        else:
+            continue
+        bad.append({"ref": str(current), "kind": BUNDLE_KIND, "partition": None, "id": bundle_id, "problem": problem})
+    return bad
+
+
+def find_staging(home: Path) -> list[Path]:
+    """Every staging directory and temporary file under the state directories, sorted. Artifact
+    directories are not entered (a stray file in one is verify()'s to report), nor staging."""
+    found = []
+    for top in STATE_DIRS:
+        for directory, dirnames, filenames in os.walk(home / top):
+            here = Path(directory)
+            found += [here / name for name in filenames if is_temporary(name)]
+            for name in list(dirnames):
+                if is_temporary(name):
+                    found.append(here / name)
+                    dirnames.remove(name)
+                elif top == "artifacts" and here.parent == home / top:
+                    dirnames.remove(name)  # artifacts/<kind>/<id>: an artifact, or a damaged copy
+    return sorted(found)
+
+
+def _is_real_dir(path: Path) -> bool:
+    return stat.S_ISDIR(path.lstat().st_mode)
+
+
+def format_verify(result: dict[str, Any]) -> str:
+    lines = [
+        f"store {result['home']}: {'OK' if result['ok'] else 'DAMAGED'}: {result['artifacts_checked']} artifacts "
+        f"re-hashed, {len(result['damaged'])} damaged, {len(result['bad_refs'])} bad refs"
+    ]
+    for item in result["damaged"]:
+        lines.append(f"  DAMAGED {item['kind']} {item['id']}: {item['path']}")
+        lines += [f"    {problem}" for problem in item["problems"]]
+    for ref in result["bad_refs"]:
+        lines.append(f"  BAD REF {ref['ref']}: {ref['problem']}")
+    for entry in result["staging"]:
+        if entry["path"] in result["removed"]:
+            state = "removed (no live writer)"
+        elif entry["owner_alive"]:
+            state = "a live writer owns it"
+        else:
+            state = "stale: no live writer (`aieng store verify --gc` removes it)"
+        lines.append(f"  staging {entry['type']} {entry['path']}: {state}")
+    if result["stale_staging"]:
+        lines.append(f"WARNING: {result['stale_staging']} stale staging entries left by writers that died")
+    lines += [f"  damaged copy set aside (kept for inspection): {path}" for path in result["set_aside"]]
+    lines += [f"  WARNING: not something aieng writes here: {path}" for path in result["unexpected"]]
+    return "\n".join(lines)

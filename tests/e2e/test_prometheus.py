@@ -1,0 +1,452 @@
+"""A real Prometheus (Debian's `prometheus` package) scrapes a real `aieng serve`, with the
+alert rules of configs/alerts.yml loaded: the series it stores read back through its HTTP API
+equal what the server counted, every rule loads and evaluates without error, a healthy server
+fires nothing, and a killed one makes AiengDown go pending.
+
+promtool checks the rules file and runs unit tests of every alert on synthetic series: when
+each one fires, for which instance, and after how long (its `for:`).
+
+Prometheus runs in its own process group, killed as a group whatever happens; the server is
+killed by the test or, should the test fail first, stopped by SIGTERM (then killed). Every wait
+is a poll with a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from aieng_core.bench.server_process import ServerProcess, free_port
+from aieng_core.config import load_config
+from tests.conftest import TINY_CONFIG
+
+pytestmark = pytest.mark.e2e
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ALERTS_FILE = REPO_ROOT / "configs" / "alerts.yml"
+JOB = "aieng"
+GENERATE_REQUESTS = 7
+MAX_NEW_TOKENS = 4
+PROMETHEUS_READY_S = 30
+READBACK_S = 20
+STOP_S = 10
+POLL_S = 0.1
+
+
+def system_binary(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is not installed: install the Debian package `prometheus` (make system-deps)")
+    return path
+
+
+def alert_rules() -> dict[str, list[dict[str, Any]]]:
+    """Group name -> its rules, as configs/alerts.yml says."""
+    document = yaml.safe_load(ALERTS_FILE.read_text(encoding="utf-8"))
+    return {group["name"]: group["rules"] for group in document["groups"]}
+
+
+def poll(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(POLL_S)
+
+
+def http_get(port: int, path: str, params: dict[str, str] | None = None) -> tuple[int, bytes]:
+    url = f"http://127.0.0.1:{port}{path}"
+    if params:
+        url += "?" + urllib.parse.urlencode(params)
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+# ---- promtool ---------------------------------------------------------------------------------------
+
+
+def test_promtool_accepts_the_rules() -> None:
+    promtool = system_binary("promtool")
+    result = subprocess.run(
+        [promtool, "check", "rules", str(ALERTS_FILE)], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    count = sum(len(rules) for rules in alert_rules().values())
+    assert f"SUCCESS: {count} rules found" in result.stdout, result.stdout
+
+
+@dataclass(frozen=True)
+class AlertCase:
+    """Input series (one sample per 15 s, promtool's notation) on which `alert` is still quiet
+    at `quiet_at` (its `for:` not over yet) and fires at `firing_at` with `firing`'s labels
+    (besides severity), while the alerts in `also_quiet` stay quiet. Instance a:1 is sick, b:1
+    healthy."""
+
+    alert: str
+    series: list[dict[str, str]]
+    quiet_at: str
+    firing_at: str
+    firing: list[dict[str, str]]
+    also_quiet: list[str] = field(default_factory=list)
+
+
+def _series(name: str, instance: str, values: str, **labels: str) -> dict[str, str]:
+    label_text = ",".join(f'{k}="{v}"' for k, v in {"job": JOB, "instance": instance, **labels}.items())
+    return {"series": f"{name}{{{label_text}}}", "values": values}
+
+
+def _buckets(name: str, instance: str, slow_from: float, bounds: list[str]) -> list[dict[str, str]]:
+    """A histogram whose 10 observations per 15 s all land in the first bucket above `slow_from`."""
+    return [
+        _series(f"{name}_bucket", instance, "0+10x60" if le == "+Inf" or float(le) > slow_from else "0x60", le=le)
+        for le in bounds
+    ]
+
+
+GENERATE, HEALTH = {"endpoint": "/generate"}, {"endpoint": "/health/ready"}
+A = {"job": JOB, "instance": "a:1"}
+ALERT_CASES = [
+    AlertCase(
+        "AiengDown",  # a: down from 45 s on
+        [_series("up", "a:1", "1 1 1 0x20"), _series("up", "b:1", "1x23")],
+        quiet_at="1m30s",
+        firing_at="2m",
+        firing=[A],
+    ),
+    AlertCase("AiengTargetMissing", [_series("aieng_ready", "a:1", "1x40")], "4m", "6m", [{"job": JOB}]),
+    AlertCase(
+        "AiengNotReady",
+        [_series("aieng_ready", "a:1", "1 0x40"), _series("aieng_ready", "b:1", "1x41")],
+        quiet_at="4m",
+        firing_at="6m",
+        firing=[A],
+    ),
+    AlertCase(
+        "AiengHighErrorRate",  # a: 25 % of generation requests fail; b: none do, only its readiness probe says 503
+        [
+            _series("aieng_http_requests_total", "a:1", "0+30x40", status="200", **GENERATE),
+            _series("aieng_http_requests_total", "a:1", "0+10x40", status="503", **GENERATE),
+            _series("aieng_http_requests_total", "b:1", "0+30x40", status="200", **GENERATE),
+            _series("aieng_http_requests_total", "b:1", "0+90x40", status="503", **HEALTH),
+        ],
+        quiet_at="45s",
+        firing_at="4m",
+        firing=[A],
+    ),
+    AlertCase(
+        "AiengElevatedErrorRate",  # a: 1 in 41 fail (2.4 %: not a P0); b: 1 in 201 (0.5 %)
+        [
+            _series("aieng_http_requests_total", "a:1", "0+40x80", status="200", **GENERATE),
+            _series("aieng_http_requests_total", "a:1", "0+1x80", status="504", **GENERATE),
+            _series("aieng_http_requests_total", "b:1", "0+200x80", status="200", **GENERATE),
+            _series("aieng_http_requests_total", "b:1", "0+1x80", status="500", **GENERATE),
+        ],
+        quiet_at="9m",
+        firing_at="16m",
+        firing=[A],
+        also_quiet=["AiengHighErrorRate"],
+    ),
+    AlertCase(
+        "AiengOverloaded",  # a: 6 of 30 get 429 (not an error: no 5xx alert); b: none
+        [
+            _series("aieng_http_requests_total", "a:1", "0+24x60", status="200", **GENERATE),
+            _series("aieng_http_requests_total", "a:1", "0+6x60", status="429", **GENERATE),
+            _series("aieng_requests_rejected_total", "a:1", "0+6x60", reason="overloaded"),
+            _series("aieng_http_requests_total", "b:1", "0+30x60", status="200", **GENERATE),
+            _series("aieng_requests_rejected_total", "b:1", "0x60", reason="overloaded"),
+        ],
+        quiet_at="4m",
+        firing_at="11m",
+        firing=[A],
+        also_quiet=["AiengHighErrorRate", "AiengElevatedErrorRate"],
+    ),
+    AlertCase(
+        "AiengTimeToFirstTokenP99AboveSLO",  # a: first tokens in 2.5-5 s; b: within 0.5 s
+        _buckets("aieng_time_to_first_token_seconds", "a:1", 2.5, ["0.5", "1", "2.5", "5", "+Inf"])
+        + _buckets("aieng_time_to_first_token_seconds", "b:1", 0.25, ["0.5", "1", "2.5", "5", "+Inf"]),
+        quiet_at="4m",
+        firing_at="11m",
+        firing=[A],
+    ),
+    AlertCase(
+        "AiengEndToEndLatencyP99AboveSLO",  # a: answers in 10-20 s; b: in 5-7.5 s
+        _buckets("aieng_e2e_request_latency_seconds", "a:1", 10, ["5", "7.5", "10", "20", "+Inf"])
+        + _buckets("aieng_e2e_request_latency_seconds", "b:1", 5, ["5", "7.5", "10", "20", "+Inf"]),
+        quiet_at="4m",
+        firing_at="11m",
+        firing=[A],
+    ),
+    AlertCase(
+        "AiengQueueNearlyFull",  # a: 30 of 32 waiting; b: 16 of 32
+        [
+            _series("aieng_num_requests_waiting", "a:1", "30x20"),
+            _series("aieng_max_num_requests_waiting", "a:1", "32x20"),
+            _series("aieng_num_requests_waiting", "b:1", "16x20"),
+            _series("aieng_max_num_requests_waiting", "b:1", "32x20"),
+        ],
+        quiet_at="1m",
+        firing_at="3m",
+        firing=[A],
+    ),
+    AlertCase(
+        "AiengKVCacheExhausted",  # a: no slot free and 3 waiting; b: no slot free, nobody waiting
+        [
+            _series("aieng_kv_cache_free_slots", "a:1", "0x40"),
+            _series("aieng_num_requests_waiting", "a:1", "3x40"),
+            _series("aieng_kv_cache_free_slots", "b:1", "0x40"),
+            _series("aieng_num_requests_waiting", "b:1", "0x40"),
+        ],
+        quiet_at="4m",
+        firing_at="6m",
+        firing=[A],
+    ),
+    AlertCase(
+        "AiengEngineStalled",  # a: 2 running, the token counter flat; b: 2 running, 50 tokens per 15 s
+        [
+            _series("aieng_num_requests_running", "a:1", "2x40"),
+            _series("aieng_num_requests_waiting", "a:1", "0x40"),
+            _series("aieng_generation_tokens_total", "a:1", "100x40"),
+            _series("aieng_num_requests_running", "b:1", "2x40"),
+            _series("aieng_num_requests_waiting", "b:1", "0x40"),
+            _series("aieng_generation_tokens_total", "b:1", "0+50x40"),
+        ],
+        quiet_at="1m30s",
+        firing_at="3m",
+        firing=[A],
+    ),
+]
+
+
+def test_promtool_unit_tests_of_every_alert(tmp_path: Path) -> None:
+    """Each alert fires for the sick instance only, and only once its `for:` is over.
+
+    promtool compares annotations too, and those are prose: the rules are copied without them
+    (expressions, `for:` and labels unchanged); test_alert_rules.py checks the annotations."""
+    promtool = system_binary("promtool")
+    groups = alert_rules()
+    rules = {rule["alert"]: rule for group in groups.values() for rule in group}
+    assert sorted(case.alert for case in ALERT_CASES) == sorted(rules), "one case per alert"
+    stripped = {
+        "groups": [
+            {"name": name, "rules": [{k: v for k, v in rule.items() if k != "annotations"} for rule in group]}
+            for name, group in groups.items()
+        ]
+    }
+    rules_path = tmp_path / "alerts-without-annotations.yml"
+    rules_path.write_text(yaml.safe_dump(stripped, sort_keys=False), encoding="utf-8")
+    tests = []
+    for case in ALERT_CASES:
+        severity = rules[case.alert]["labels"]["severity"]
+        firing = [{"exp_labels": {"severity": severity, **labels}} for labels in case.firing]
+        checks = [
+            {"eval_time": case.quiet_at, "alertname": case.alert, "exp_alerts": []},
+            {"eval_time": case.firing_at, "alertname": case.alert, "exp_alerts": firing},
+            *({"eval_time": case.firing_at, "alertname": other, "exp_alerts": []} for other in case.also_quiet),
+        ]
+        tests.append({"interval": "15s", "input_series": case.series, "alert_rule_test": checks})
+    test_path = tmp_path / "alerts-test.yml"
+    document = {"rule_files": [str(rules_path)], "evaluation_interval": "15s", "tests": tests}
+    test_path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    result = subprocess.run(
+        [promtool, "test", "rules", str(test_path)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout, result.stdout
+
+
+# ---- a real Prometheus scraping a real server ---------------------------------------------------------
+
+
+@contextmanager
+def running_prometheus(folder: Path, target_port: int) -> Iterator[int]:
+    """Prometheus scraping 127.0.0.1:target_port every second with configs/alerts.yml loaded;
+    yields its port once /-/ready answers 200, and kills its process group on the way out."""
+    binary = system_binary("prometheus")
+    config = {
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(ALERTS_FILE)],
+        "scrape_configs": [{"job_name": JOB, "static_configs": [{"targets": [f"127.0.0.1:{target_port}"]}]}],
+    }
+    config_path = folder / "prometheus.yml"
+    config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    port = free_port()
+    log_path = folder / "prometheus.log"
+    command = [
+        binary,
+        f"--config.file={config_path}",
+        f"--storage.tsdb.path={folder / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--log.level=warn",
+    ]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def log_tail() -> str:
+        return log_path.read_text(encoding="utf-8", errors="replace")[-4000:]
+
+    def ready() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"prometheus exited with {process.returncode}:\n{log_tail()}")
+        try:
+            return http_get(port, "/-/ready")[0] == 200
+        except OSError:
+            return False
+
+    try:
+        poll(ready, PROMETHEUS_READY_S, "prometheus to be ready")
+        yield port
+    except BaseException:
+        print(f"prometheus log:\n{log_tail()}")
+        raise
+    finally:
+        with_group(process, signal.SIGTERM)
+        try:
+            process.wait(STOP_S)
+        except subprocess.TimeoutExpired:
+            with_group(process, signal.SIGKILL)
+            process.wait(STOP_S)
+
+
+def with_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:
+        pass  # the group is gone already
+
+
+def api(port: int, path: str, **params: str) -> Any:
+    status, body = http_get(port, path, params or None)
+    reply = json.loads(body)
+    assert status == 200 and reply["status"] == "success", f"{path} {params}: {status} {body[:500]!r}"
+    return reply["data"]
+
+
+def query(port: int, promql: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """An instant query: labels (sorted, without __name__) -> value."""
+    data = api(port, "/api/v1/query", query=promql)
+    assert data["resultType"] == "vector", data
+    return {
+        tuple(sorted((k, v) for k, v in item["metric"].items() if k != "__name__")): float(item["value"][1])
+        for item in data["result"]
+    }
+
+
+def server_counts(server: ServerProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    status, body = http_get(server.port, "/metrics")
+    assert status == 200
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(body.decode())
+        for sample in family.samples
+    }
+
+
+def generate(port: int, n: int) -> None:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/generate",
+        data=json.dumps(
+            {"prompt": f"The data pipeline {n}", "max_new_tokens": MAX_NEW_TOKENS, "temperature": 0}
+        ).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        assert response.status == 200
+        assert json.loads(response.read())["tokens"] >= 1
+
+
+def test_prometheus_scrapes_serve_and_evaluates_the_alert_rules(tmp_path: Path, serving_bundle_artifact) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIENG_")}
+    env.update(AIENG_HOME=str(tmp_path / "home"), AIENG_CONFIG=str(TINY_CONFIG))
+    bundle = serving_bundle_artifact.bundle
+    with ServerProcess(bundle.path, tmp_path / "server.log", env) as server:
+        target = f"127.0.0.1:{server.port}"
+        generate_labels = (("endpoint", "/generate"), ("instance", target), ("job", JOB), ("status", "200"))
+        with running_prometheus(tmp_path, server.port) as port:
+            for n in range(GENERATE_REQUESTS):
+                generate(server.port, n)
+            counted = server_counts(server)
+            assert (
+                counted[("aieng_http_requests_total", (("endpoint", "/generate"), ("status", "200")))]
+                == GENERATE_REQUESTS
+            )
+            assert counted[("aieng_e2e_request_latency_seconds_count", ())] == GENERATE_REQUESTS
+
+            # The counter read back through Prometheus is the server's own count, no more, no less.
+            generate_series = f'aieng_http_requests_total{{job="{JOB}", endpoint="/generate"}}'
+            expected = {generate_labels: float(GENERATE_REQUESTS)}
+            poll(lambda: query(port, generate_series) == expected, READBACK_S, f"{generate_series} == {expected}")
+            target_labels = (("instance", target), ("job", JOB))
+            assert query(port, f'up{{job="{JOB}"}}') == {target_labels: 1.0}
+            assert query(port, "aieng_e2e_request_latency_seconds_count") == {target_labels: GENERATE_REQUESTS}
+            assert query(port, "aieng_ready") == {target_labels: 1.0}
+            max_waiting = load_config(TINY_CONFIG).serving.max_waiting
+            assert query(port, "aieng_max_num_requests_waiting") == {target_labels: max_waiting}
+            assert query(port, f'aieng_bundle_info{{bundle_id="{bundle.id}"}}') == {
+                (("bundle_id", bundle.id), *target_labels): 1.0
+            }
+
+            (active,) = api(port, "/api/v1/targets")["activeTargets"]
+            assert active["labels"] == {"instance": target, "job": JOB}
+            assert active["scrapeUrl"] == f"http://{target}/metrics"
+            assert active["health"] == "up" and active["lastError"] == ""
+
+            # Every group and rule of configs/alerts.yml is loaded, evaluated, and healthy.
+            wanted = {name: [rule["alert"] for rule in rules] for name, rules in alert_rules().items()}
+
+            def loaded_rules() -> dict[str, list[dict[str, Any]]]:
+                groups = api(port, "/api/v1/rules")["groups"]
+                return {group["name"]: group["rules"] for group in groups}
+
+            def all_evaluated() -> bool:
+                return all(rule["health"] != "unknown" for rules in loaded_rules().values() for rule in rules)
+
+            poll(all_evaluated, READBACK_S, "every rule to be evaluated once")
+            loaded = loaded_rules()
+            assert {name: [rule["name"] for rule in rules] for name, rules in loaded.items()} == wanted
+            for rules in loaded.values():
+                for rule in rules:
+                    assert rule["type"] == "alerting"
+                    assert (rule["health"], rule.get("lastError", "")) == ("ok", ""), rule["name"]
+                    assert re.fullmatch(r"\d{4}-\d\d-\d\dT.*", rule["lastEvaluation"]), rule
+
+            # A healthy server fires nothing (AiengTargetMissing may be pending until the first scrape).
+            poll(lambda: api(port, "/api/v1/alerts")["alerts"] == [], READBACK_S, "no alert on a healthy server")
+
+            # Killed (a crash, not a drain: test_serve.py covers those), the server is down and
+            # AiengDown goes pending for it (firing would take its `for:`, a minute).
+            assert server.process is not None
+            server.process.kill()
+            server.process.wait(STOP_S)
+
+            def down_alerts() -> list[dict[str, Any]]:
+                alerts = api(port, "/api/v1/alerts")["alerts"]
+                return [alert for alert in alerts if alert["labels"]["alertname"] == "AiengDown"]
+
+            (down,) = poll(down_alerts, READBACK_S, "AiengDown to go pending")
+            assert down["state"] == "pending"
+            assert down["labels"] == {"alertname": "AiengDown", "instance": target, "job": JOB, "severity": "P0"}
+            assert down["annotations"]["summary"] == f"aieng serve on {target} cannot be scraped"
+            assert query(port, f'up{{job="{JOB}"}}') == {target_labels: 0.0}
