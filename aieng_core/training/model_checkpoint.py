@@ -173,7 +173,7 @@ def build_model_checkpoint(
     def waiting() -> None:
         logger.info(f"{KIND}: another process is training {spec.artifact_id()}; waiting for it, then reusing")
 
-    with exclusive_lock(work_dir.parent / f"{work_dir.name}.lock", on_wait=waiting):
+    with exclusive_lock(store.home / "work" / "locks" / f"{KIND}-{spec.artifact_id()}.lock", on_wait=waiting):
         # A model stopped by max_minutes is not the full recipe's: produce() raises it out of that build
         # (its staging directory is discarded) and it is published under a recipe recording its steps.
         try:
