@@ -19,7 +19,12 @@ from typing import Any
 
 import torch
 
-from aieng_core.benchmark.speed import benchmark_prompts, load_transformers_model
+from aieng_core.benchmark.speed import (
+    benchmark_prompts,
+    engine_generate,
+    load_transformers_model,
+    transformers_generate,
+)
 from aieng_core.bundle.verify import load_bundle
 from aieng_core.config import load_config
 from aieng_core.gate.warmup import warmup_step
@@ -79,26 +84,9 @@ def measure(peer: str, bundle_dir: Path, device: str) -> dict[str, Any]:
         config = load_config(CONFIG)
         config = config.model_copy(update={"serving": config.serving.model_copy(update={"device": device})})
         figures["gate_warmup"] = warmup_step(bundle_dir, config)
-
-        def generate(prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
-            params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
-            return [list(o.token_ids) for o in engine.generate(prompts, params)]
-
+        generate = engine_generate(engine)
     else:
-        model = load_transformers_model(bundle.path).to(device)
-
-        @torch.inference_mode()
-        def generate(prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
-            ids = torch.tensor(prompts, device=device)
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=new_tokens,
-                do_sample=False,
-                use_cache=True,
-                pad_token_id=bundle.eos_token_id,
-            )
-            return out[:, ids.shape[1] :].tolist()
+        generate = transformers_generate(load_transformers_model(bundle.path).to(device), bundle.eos_token_id)
 
     timed = _synchronized(generate, device)
     figures["batches"] = {}

@@ -64,12 +64,12 @@ def load_transformers_model(model_dir: Path) -> Any:
 
 def transformers_generate(model: Any, pad_token_id: int) -> Generate:
     """transformers `generate` as a peer: greedy, KV cache on, the prompts as one batch (all of
-    one length, so no padding)."""
+    one length, so no padding), on the model's device."""
     import torch
 
     @torch.inference_mode()
     def generate(prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
-        ids = torch.tensor(prompts)
+        ids = torch.tensor(prompts, device=model.device)
         out = model.generate(
             input_ids=ids,
             attention_mask=torch.ones_like(ids),

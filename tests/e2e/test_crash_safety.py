@@ -43,6 +43,7 @@ import yaml
 from aieng_core.hashing import sha256_file
 from aieng_core.store import ArtifactStore
 from aieng_core.store.verify import find_staging, verify_store
+from tests.orchestration.test_definitions import DESIGN_GRAPH
 
 pytestmark = pytest.mark.e2e
 
@@ -68,16 +69,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "max_seconds": 3600,
     },
 }
-ASSETS = [
-    "raw_documents",
-    "clean_documents",
-    "bpe_tokenizer",
-    "tokenized_documents",
-    "dataset_manifest",
-    "model_checkpoint",
-    "benchmark_report",
-    "serving_bundle",
-]
+# The graph in order, without production_deployment: promotion is killed through `aieng deploy promote`.
+ASSETS = DESIGN_GRAPH[:-1]
 
 
 @dataclass(frozen=True)

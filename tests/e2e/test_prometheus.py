@@ -19,11 +19,10 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from aieng_core.bench.server_process import ServerProcess, free_port
 from aieng_core.config import load_config
 from tests.conftest import TINY_CONFIG
+from tests.e2e.test_serve import poll
 
 pytestmark = pytest.mark.e2e
 
@@ -47,7 +47,6 @@ MAX_NEW_TOKENS = 4
 PROMETHEUS_READY_S = 30
 READBACK_S = 20
 STOP_S = 10
-POLL_S = 0.1
 
 
 def system_binary(name: str) -> str:
@@ -61,17 +60,6 @@ def alert_rules() -> dict[str, list[dict[str, Any]]]:
     """Group name -> its rules, as configs/alerts.yml says."""
     document = yaml.safe_load(ALERTS_FILE.read_text(encoding="utf-8"))
     return {group["name"]: group["rules"] for group in document["groups"]}
-
-
-def poll(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(POLL_S)
 
 
 def http_get(port: int, path: str, params: dict[str, str] | None = None) -> tuple[int, bytes]:
