@@ -46,8 +46,8 @@ from typing import Any
 import yaml
 
 from aieng_core import asset_keys
-from aieng_core.bench.serving_stats import METRIC_DEFINITIONS
 from aieng_core.config import AiengConfig, load_config, resolve_config_path
+from aieng_core.loadgen.stats import METRIC_DEFINITIONS
 
 SEED = 1234  # the random weights
 POISSON_SEED = 7

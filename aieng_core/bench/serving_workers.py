@@ -240,7 +240,7 @@ def convert(plan: dict[str, Any]) -> dict[str, Any]:
 
 # ---- our engine over HTTP -------------------------------------------------------------------
 def _load_requests(rows: Sequence[dict[str, Any]]) -> list[Any]:
-    from aieng_core.bench.http_load import LoadRequest
+    from aieng_core.loadgen.http_load import LoadRequest
 
     return [LoadRequest(row["text"], len(row["ids"]), row["max_new_tokens"]) for row in rows]
 
@@ -249,9 +249,9 @@ def http(plan: dict[str, Any]) -> dict[str, Any]:
     """A fresh `aieng serve`, warmed, then the 16 mixed requests and the metrics sweep."""
     from dataclasses import replace
 
-    from aieng_core.bench.http_load import closed_loop, poisson
-    from aieng_core.bench.server_process import ServerProcess
-    from aieng_core.bench.serving_stats import RequestRecord, summarize
+    from aieng_core.loadgen.http_load import closed_loop, poisson
+    from aieng_core.loadgen.server_process import ServerProcess
+    from aieng_core.loadgen.stats import RequestRecord, summarize
 
     info = {"pid": os.getpid(), "load_average_1min": os.getloadavg()[0]}
     slo = plan["slo_ms"]

@@ -13,7 +13,7 @@ import time
 from functools import partial
 from typing import Any
 
-from aieng_core.bench.serving_stats import RequestRecord, summarize
+from aieng_core.loadgen.stats import RequestRecord, summarize
 
 # What a latency level keeps of serving_stats.summarize (no SLOs here: goodput is the gate's).
 LEVEL_FIELDS = (
@@ -34,7 +34,7 @@ DEFINITIONS = {
     "itl": "inter-token latency: gaps between consecutive tokens delivered, pooled over all requests (ms)",
     "e2el": "end-to-end latency: request submitted -> its last token delivered (ms)",
     "percentiles": "linear interpolation between closest ranks (numpy.percentile's default)",
-    "source": "aieng_core/bench/serving_stats.py: the names and formulas of vLLM `bench serve`",
+    "source": "aieng_core/loadgen/stats.py: the names and formulas of vLLM `bench serve`",
 }
 
 

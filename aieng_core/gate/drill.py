@@ -21,7 +21,6 @@ after. The server is always stopped (SIGTERM, then a kill).
 
 from __future__ import annotations
 
-import http.client
 import json
 import threading
 import time
@@ -32,6 +31,7 @@ from aieng_core.bundle.serving_bundle import KIND as BUNDLE_KIND
 from aieng_core.config import AiengConfig
 from aieng_core.deploy.deployments import Deployments
 from aieng_core.gate.report import GateFailed
+from aieng_core.loadgen.http_client import error_code, request
 
 DRILL_POINTER = "drill"
 SWITCH_TIMEOUT_S = 120.0  # a switch the server has not picked up by then fails the drill
@@ -42,38 +42,16 @@ REQUEST_TIMEOUT_S = 60.0
 NO_DEPLOYMENT = "no_deployment"
 
 
-def call(port: int, method: str, path: str, body: Any = None, timeout: float = REQUEST_TIMEOUT_S) -> tuple[int, Any]:
-    """(status, parsed JSON body or None) of one request to 127.0.0.1:port."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        data = None if body is None else json.dumps(body).encode("utf-8")
-        connection.request(method, path, body=data, headers={"Content-Type": "application/json"})
-        response = connection.getresponse()
-        raw = response.read()
-    finally:
-        connection.close()
-    try:
-        return response.status, json.loads(raw)
-    except ValueError:
-        return response.status, None
-
-
-def error_code(body: Any) -> str | None:
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        code = body["error"].get("code")
-        return None if code is None else str(code)
-    return None
-
-
 def serving_now(port: int) -> tuple[str | None, str | None]:
     """(bundle id served, None) when ready; (None, the 503's code) otherwise."""
     try:
-        status, body = call(port, "GET", "/health/ready", timeout=10)
+        reply = request(port, "GET", "/health/ready", timeout=10)
     except OSError as exc:
         return None, f"unreachable: {exc}"
-    if status == 200 and isinstance(body, dict):
+    body = reply.json_or_none()
+    if reply.status == 200 and isinstance(body, dict):
         return str(body.get("bundle_id")), None
-    return None, error_code(body) or f"HTTP {status}"
+    return None, reply.error_code or f"HTTP {reply.status}"
 
 
 class Traffic:
@@ -116,9 +94,10 @@ class Traffic:
     def _send(self, body: dict[str, Any], empty_when_sent: bool) -> str:
         """ "ok", NO_DEPLOYMENT (an expected 503), or what failed."""
         try:
-            status, answer = call(self.port, "POST", "/generate", body)
+            reply = request(self.port, "POST", "/generate", body, timeout=REQUEST_TIMEOUT_S)
         except OSError as exc:
             return f"{type(exc).__name__}: {exc}"
+        status, answer = reply.status, reply.json_or_none()
         if status == 200 and isinstance(answer, dict) and isinstance(answer.get("token_ids"), list):
             return "ok"
         code = error_code(answer)
@@ -153,7 +132,8 @@ def check_goldens(port: int, bundle_path: Path, phase: str, figures: dict[str, A
     mismatches = []
     for golden in goldens:
         body = {"prompt": golden["prompt"], "max_new_tokens": golden["max_new_tokens"], "temperature": 0}
-        status, answer = call(port, "POST", "/generate", body)
+        reply = request(port, "POST", "/generate", body, timeout=REQUEST_TIMEOUT_S)
+        status, answer = reply.status, reply.json_or_none()
         got = answer.get("token_ids") if status == 200 and isinstance(answer, dict) else f"HTTP {status}"
         if got != golden["token_ids"]:
             mismatches.append({"prompt": golden["prompt"], "expected": golden["token_ids"], "got": got})
@@ -205,8 +185,8 @@ def drill_step(
     actor: str,
     run_id: str | None,
 ) -> dict[str, Any]:
-    from aieng_core.bench.server_process import ServerProcess
     from aieng_core.gate.server_env import server_env
+    from aieng_core.loadgen.server_process import ServerProcess
 
     production = Deployments(home)
     drill = Deployments(home, DRILL_POINTER, store=production.store)

@@ -1,12 +1,12 @@
 """Gate step 3: the candidate under load in a real `aieng serve`, against the SLOs.
 
 The candidate is served by `aieng serve --bundle PATH` in a subprocess on a free loopback port
-(bench/server_process.py), with the gate's config. Load comes from bench/http_load.py: a
+(loadgen/server_process.py), with the gate's config. Load comes from loadgen/http_load.py: a
 closed loop of N clients at each `gate.concurrencies`, then open-loop Poisson arrivals at
 each `gate.poisson_rates`; `gate.requests_per_level` streamed /v1/completions requests per
 level (ignore_eos, so each generates exactly its max_tokens, cycled from `gate.max_new_tokens`;
 prompts cycled over `serving.warmup_prompt_lengths` tokens), each level bounded by
-`gate.max_seconds_per_level`. The figures are bench/serving_stats.py's (TTFT, TPOT, ITL,
+`gate.max_seconds_per_level`. The figures are loadgen/stats.py's (TTFT, TPOT, ITL,
 E2EL percentiles, throughput, goodput), with its definitions.
 
 At every level: no failed request (a 429 is counted apart, as `rejected_429`, not as an
@@ -45,7 +45,7 @@ def stress_requests(bundle_path: Path, config: AiengConfig) -> list[Any]:
     max_tokens would not fit max_context), max_tokens cycled from `gate.max_new_tokens`."""
     import json
 
-    from aieng_core.bench.http_load import LoadRequest
+    from aieng_core.loadgen.http_load import LoadRequest
     from aieng_core.tokenizer.bpe import load_tokenizer
 
     tokenizer = load_tokenizer(bundle_path)
@@ -84,8 +84,8 @@ def stress_requests(bundle_path: Path, config: AiengConfig) -> list[Any]:
 def level_figures(kind: str, load: float, records: list[Any], planned: int, slo_ms: dict[str, float]) -> dict[str, Any]:
     """One load level: serving_stats.summarize's figures, with failures split into errors,
     429s and requests the time bound cut (unfinished) or never sent (unsent)."""
-    from aieng_core.bench.http_load import NOT_FINISHED
-    from aieng_core.bench.serving_stats import summarize
+    from aieng_core.loadgen.http_load import NOT_FINISHED
+    from aieng_core.loadgen.stats import summarize
 
     rejected = [r for r in records if not r.ok and (r.error or "").startswith("HTTP 429")]
     failed = [r for r in records if not r.ok and r not in rejected]
@@ -162,10 +162,10 @@ def stress_step(
 ) -> dict[str, Any]:
     """Serve the candidate, load it level by level, check the SLOs and the regression bound.
     `production` is the production Deployments (read only: its deployed bundle's figures)."""
-    from aieng_core.bench.http_load import closed_loop, poisson
-    from aieng_core.bench.server_process import ServerProcess
-    from aieng_core.bench.serving_stats import METRIC_DEFINITIONS
     from aieng_core.gate.server_env import server_env
+    from aieng_core.loadgen.http_load import closed_loop, poisson
+    from aieng_core.loadgen.server_process import ServerProcess
+    from aieng_core.loadgen.stats import METRIC_DEFINITIONS
 
     gate = config.gate
     slo_ms = {"ttft": gate.slo_ttft_ms, "tpot": gate.slo_tpot_ms}

@@ -17,7 +17,7 @@ import pytest
 
 from aieng_core import cli
 from aieng_core.bench.serving_bench import GOALS, run_serving_bench
-from aieng_core.bench.serving_stats import METRIC_DEFINITIONS, RequestRecord, percentile, summarize
+from aieng_core.loadgen.stats import METRIC_DEFINITIONS, RequestRecord, percentile, summarize
 from tests.conftest import TINY_CONFIG
 
 

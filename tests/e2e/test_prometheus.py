@@ -32,8 +32,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from aieng_core.bench.server_process import ServerProcess, free_port
 from aieng_core.config import load_config
+from aieng_core.loadgen.server_process import ServerProcess, free_port
 from tests.conftest import TINY_CONFIG
 from tests.e2e.test_serve import poll
 

@@ -4,7 +4,7 @@ rollback under load (no failed request), and slow streaming readers (they hold n
 their own KV slot and slow nobody else down).
 
 Each test runs a real `aieng serve` on 127.0.0.1 with the tiny bundle (test_serve.py's
-helpers); the load comes from aieng_core.bench.http_load (the benchmark's and the gate's load
+helpers); the load comes from aieng_core.loadgen.http_load (the benchmark's and the gate's load
 generator). Every load is bounded in requests and seconds. Figures are printed (`-s` shows
 them) and written to a JSON file in the test's tmp dir.
 """
@@ -27,8 +27,8 @@ from typing import Any
 import psutil
 import pytest
 
-from aieng_core.bench.http_load import COMPLETIONS, GENERATE, LoadRequest, closed_loop
-from aieng_core.bench.serving_stats import RequestRecord, percentile
+from aieng_core.loadgen.http_load import COMPLETIONS, GENERATE, LoadRequest, closed_loop
+from aieng_core.loadgen.stats import RequestRecord, percentile
 from tests.e2e import test_serve
 from tests.e2e.test_serve import STOP_TIMEOUT_S, Server, deploy, poll, start_server
 

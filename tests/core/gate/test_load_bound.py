@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from aieng_core.bench.http_load import NOT_FINISHED, LoadRequest, closed_loop, poisson
+from aieng_core.loadgen.http_load import NOT_FINISHED, LoadRequest, closed_loop, poisson
 
 
 @pytest.fixture

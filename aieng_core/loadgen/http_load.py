@@ -1,8 +1,8 @@
 """A small load generator for OpenAI-style /v1/completions on 127.0.0.1.
 
-asyncio streams and a hand-written HTTP/1.1 reader (status line, headers, chunked or sized
-body, server-sent events): one thread, no client library, so the client takes as little as
-possible of the CPU the server under test shares with it. Two arrival patterns, as in vLLM's
+The streamed form of http_client.py (asyncio streams, its HTTP/1.1 reader and server-sent
+events parser): one thread, so the client takes as little as possible of the CPU the server
+under test shares with it. Two arrival patterns, as in vLLM's
 `bench serve`: a closed loop of `concurrency` clients, each sending its next request when the
 last one finished, and an open loop with Poisson arrivals at a fixed rate (exponential gaps
 from a seeded generator, so every run sends at the same offsets). Each request is checked
@@ -21,11 +21,12 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aieng_core.bench.serving_stats import RequestRecord
+from aieng_core.loadgen.http_client import open_request, sse_data
+from aieng_core.loadgen.stats import RequestRecord
 
 REQUEST_TIMEOUT_S = 300.0  # per request; a bench never waits forever on a wedged server
 NOT_FINISHED = "not finished within max_seconds"
@@ -55,21 +56,6 @@ def completion_body(request: LoadRequest, stream: bool) -> dict[str, Any]:
     return body
 
 
-async def _body_chunks(reader: asyncio.StreamReader, headers: dict[str, str]) -> AsyncIterator[bytes]:
-    if headers.get("transfer-encoding", "").lower() == "chunked":
-        while True:
-            size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
-            if size == 0:
-                return
-            data = await reader.readexactly(size)
-            await reader.readexactly(2)  # the CRLF after each chunk
-            yield data
-    elif "content-length" in headers:
-        yield await reader.readexactly(int(headers["content-length"]))
-    else:
-        yield await reader.read()
-
-
 def generate_body(request: LoadRequest) -> dict[str, Any]:
     return {"prompt": request.prompt, "max_new_tokens": request.max_tokens, "temperature": 0.0, "ignore_eos": True}
 
@@ -93,70 +79,43 @@ def _check_usage(usage: Any, request: LoadRequest) -> str | None:
 async def _send(port: int, request: LoadRequest, stream: bool, record: RequestRecord) -> None:
     generate = request.endpoint == GENERATE
     stream = not generate and (stream if request.stream is None else request.stream)
-    payload = json.dumps(generate_body(request) if generate else completion_body(request, stream)).encode("utf-8")
-    head = (
-        f"POST {request.endpoint} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
-    ).encode("ascii")
+    body = generate_body(request) if generate else completion_body(request, stream)
     record.sent = time.perf_counter()
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(head + payload)
-        await writer.drain()
-        status = int((await reader.readline()).split()[1])
-        headers: dict[str, str] = {}
-        while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
-            name, _, value = line.decode("latin-1").partition(":")
-            headers[name.strip().lower()] = value.strip()
-        if not stream or status != 200:
-            body = b"".join([chunk async for chunk in _body_chunks(reader, headers)])
+    async with open_request(port, "POST", request.endpoint, body) as reply:
+        if not stream or reply.status != 200:
+            raw = await reply.read()
             record.done = time.perf_counter()
-            if status != 200:
-                record.error = f"HTTP {status}: {body[:200]!r}"
+            if reply.status != 200:
+                record.error = f"HTTP {reply.status}: {raw[:200]!r}"
                 return
-            answer = json.loads(body)
+            answer = json.loads(raw)
             if generate:
                 record.error = _check_generate(answer, request)
-                record.ok = record.error is None
-                return
-            finish = answer["choices"][0]["finish_reason"]
-            record.error = _check_usage(answer.get("usage"), request) or (
-                None if finish == "length" else f"finish_reason {finish!r}"
-            )
+            else:
+                finish = answer["choices"][0]["finish_reason"]
+                record.error = _check_usage(answer.get("usage"), request) or (
+                    None if finish == "length" else f"finish_reason {finish!r}"
+                )
             record.ok = record.error is None
             return
-        finish, usage, buffer, done = None, None, b"", False
-        async for chunk in _body_chunks(reader, headers):
-            arrived = time.perf_counter()
-            buffer = (buffer + chunk).replace(b"\r\n", b"\n")
-            while b"\n\n" in buffer:
-                event, buffer = buffer.split(b"\n\n", 1)
-                for line in event.split(b"\n"):
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        done = True
-                        continue
-                    message = json.loads(data)
-                    if message.get("usage"):
-                        usage = message["usage"]
-                    if message.get("choices"):
-                        # Every chunk that carries a choice carries generated tokens (vLLM counts the same).
-                        record.chunk_times.append(arrived)
-                        finish = message["choices"][0].get("finish_reason") or finish
+        finish, usage, done = None, None, False
+        async for data in sse_data(reply.chunks()):
+            if data == b"[DONE]":
+                done = True
+                continue
+            message = json.loads(data)
+            if message.get("usage"):
+                usage = message["usage"]
+            if message.get("choices"):
+                # Every chunk that carries a choice carries generated tokens (vLLM counts the same).
+                record.chunk_times.append(time.perf_counter())
+                finish = message["choices"][0].get("finish_reason") or finish
         record.done = time.perf_counter()
         if not done:
             record.error = "the stream ended without data: [DONE]"
         else:
             record.error = _check_usage(usage, request) or (None if finish == "length" else f"finish_reason {finish!r}")
         record.ok = record.error is None
-    finally:
-        writer.close()
-        try:
-            await writer.wait_closed()
-        except OSError:
-            pass
 
 
 def _deadline(max_seconds: float | None) -> float | None:

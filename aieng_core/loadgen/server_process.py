@@ -8,7 +8,6 @@ Its log goes to a file, not a pipe: a pipe nobody reads fills up and stalls the 
 
 from __future__ import annotations
 
-import http.client
 import signal
 import socket
 import subprocess
@@ -19,6 +18,8 @@ from types import TracebackType
 
 import psutil
 
+from aieng_core.loadgen.http_client import status_of
+
 READY_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 30.0
 
@@ -27,17 +28,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
-
-
-def _status(port: int, path: str) -> int | None:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-    try:
-        connection.request("GET", path)
-        return connection.getresponse().status
-    except OSError:
-        return None
-    finally:
-        connection.close()
 
 
 class ServerProcess:
@@ -74,7 +64,7 @@ class ServerProcess:
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         try:
-            while _status(self.port, up_path) != 200:
+            while status_of(self.port, up_path) != 200:
                 if self.process.poll() is not None:
                     raise RuntimeError(f"aieng serve exited with {self.process.returncode}:\n{self.log_tail()}")
                 if time.perf_counter() - started > READY_TIMEOUT_S:
