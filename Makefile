@@ -11,7 +11,7 @@ export DAGSTER_HOME ?= $(AIENG_HOME)/dagster
 DEMO_RANGE ?= 2026-01-01...2026-01-03
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps run serve dev lint test bench lock clean-state
+.PHONY: install system-deps run serve dev lint docs test bench lock clean-state
 
 # torch first, pinned to the CPU build on local disk: a bare `torch` pulls a multi-GB CUDA build.
 # constraints.txt pins every package to the versions the tests last passed with.
@@ -75,8 +75,13 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-## test: set up (Debian packages included), lint, and run the whole test suite
-test: system-deps lint
+## docs: check docs/reference/ is current, then build the site into site/ (MkDocs --strict: a broken link or anchor fails it)
+docs: install
+	$(BIN)/python scripts/docs_reference.py --check
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+## test: set up (Debian packages included), lint, build the docs, and run the whole test suite
+test: system-deps lint docs
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## bench: side-by-side benchmarks, JSON results in bench-results/

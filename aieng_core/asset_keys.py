@@ -1,4 +1,4 @@
-"""The asset keys of the graph (a contract, see DESIGN.md §2), in one torch-free place.
+"""The asset keys of the graph (a contract: docs/index.md, "The asset graph"), in one torch-free place.
 
 Each capability module names its own key from here, and whatever only needs the names
 (status, lineage) imports this module instead of the heavy ones.

@@ -32,18 +32,33 @@ class _Section(BaseModel):
 
 
 class DataConfig(_Section):
-    start_date: dt.date = Field(default=dt.date(2026, 1, 1), strict=False)
-    min_chars: int = Field(default=20, ge=0)
-    max_chars: int = Field(default=200_000, ge=1)
-    batch_rows: int = Field(default=4096, ge=1, le=1_000_000)
-    # Bytes of records held per batch: with batch_rows, bounds memory whatever the rows hold.
-    batch_bytes: int = Field(default=64 << 20, ge=1 << 16)
-    # A record (a line, a CSV record) over this many bytes is record_too_large, never parsed.
-    max_record_bytes: int = Field(default=8 << 20, ge=1024)
-    # Decompressed bytes read from one landed file; the rest is quarantined as unreadable.
-    max_file_bytes: int = Field(default=16 << 30, ge=1024)
-    # Tried in order after strict UTF-8; GB encodings only where the bytes look like Chinese.
-    fallback_encodings: tuple[str, ...] = Field(default=("gb18030",), strict=False)
+    """raw_documents and clean_documents: the landing folder's partitions, the data contract's
+    bounds, decoding, and how much is held in memory at once."""
+
+    start_date: dt.date = Field(default=dt.date(2026, 1, 1), strict=False, description="The first daily partition.")
+    min_chars: int = Field(default=20, ge=0, description="Shorter clean texts are quarantined as too_short.")
+    max_chars: int = Field(default=200_000, ge=1, description="Longer clean texts are quarantined as too_long.")
+    batch_rows: int = Field(default=4096, ge=1, le=1_000_000, description="Rows per streamed record batch.")
+    batch_bytes: int = Field(
+        default=64 << 20,
+        ge=1 << 16,
+        description="Bytes of records held per batch: with batch_rows, bounds memory whatever the rows hold.",
+    )
+    max_record_bytes: int = Field(
+        default=8 << 20,
+        ge=1024,
+        description="A record (a line, a CSV record) over this many bytes is record_too_large, never parsed.",
+    )
+    max_file_bytes: int = Field(
+        default=16 << 30,
+        ge=1024,
+        description="Decompressed bytes read from one landed file; the rest is quarantined as unreadable.",
+    )
+    fallback_encodings: tuple[str, ...] = Field(
+        default=("gb18030",),
+        strict=False,
+        description="Tried in order after strict UTF-8; GB encodings only where the bytes look like Chinese.",
+    )
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> DataConfig:
@@ -73,11 +88,13 @@ class DataConfig(_Section):
 
 
 class TokenizerConfig(_Section):
-    vocab_size: int = Field(default=4096, ge=300, le=1_000_000)
-    min_frequency: int = Field(default=2, ge=1)
-    eos_token: str = Field(default="<|endoftext|>", min_length=1)
-    pad_token: str = Field(default="<|pad|>", min_length=1)
-    max_training_chars: int = Field(default=50_000_000, ge=1)
+    """bpe_tokenizer and tokenized_documents: the byte-level BPE trained from scratch."""
+
+    vocab_size: int = Field(default=4096, ge=300, le=1_000_000, description="Tokens in the vocabulary.")
+    min_frequency: int = Field(default=2, ge=1, description="A pair merged fewer times is not learned.")
+    eos_token: str = Field(default="<|endoftext|>", min_length=1, description="Ends every document.")
+    pad_token: str = Field(default="<|pad|>", min_length=1, description="Pads batches; never trained on.")
+    max_training_chars: int = Field(default=50_000_000, ge=1, description="Cap on the clean text fed to BPE training.")
 
     @model_validator(mode="after")
     def _distinct_specials(self) -> TokenizerConfig:
@@ -87,22 +104,30 @@ class TokenizerConfig(_Section):
 
 
 class DatasetConfig(_Section):
-    validation_fraction: float = Field(default=0.05, gt=0.0, lt=1.0, strict=False)
-    split_seed: str = "aieng-split-v1"
+    """dataset_manifest: the train/validation split of the tokenized partitions."""
+
+    validation_fraction: float = Field(
+        default=0.05, gt=0.0, lt=1.0, strict=False, description="Share of documents (by id) held out for validation."
+    )
+    split_seed: str = Field(
+        default="aieng-split-v1", description="Seeds the split: a document's side depends only on its id and this."
+    )
 
 
 class ModelConfig(_Section):
     """Shape of the Llama-architecture decoder; the vocabulary comes from the tokenizer."""
 
-    hidden_size: int = Field(default=256, ge=8)
-    intermediate_size: int = Field(default=688, ge=8)
-    num_hidden_layers: int = Field(default=4, ge=1)
-    num_attention_heads: int = Field(default=8, ge=1)
-    num_key_value_heads: int = Field(default=4, ge=1)
-    max_position_embeddings: int = Field(default=256, ge=8)
-    rope_theta: float = Field(default=10000.0, gt=0, strict=False)
-    rms_norm_eps: float = Field(default=1e-5, gt=0, strict=False)
-    tie_word_embeddings: bool = True
+    hidden_size: int = Field(default=256, ge=8, description="Width of the residual stream.")
+    intermediate_size: int = Field(default=688, ge=8, description="SwiGLU width.")
+    num_hidden_layers: int = Field(default=4, ge=1, description="Decoder layers.")
+    num_attention_heads: int = Field(default=8, ge=1, description="Query heads per layer.")
+    num_key_value_heads: int = Field(
+        default=4, ge=1, description="Key/value heads (grouped-query attention); divides num_attention_heads."
+    )
+    max_position_embeddings: int = Field(default=256, ge=8, description="The longest sequence the model takes.")
+    rope_theta: float = Field(default=10000.0, gt=0, strict=False, description="Rotary embedding base.")
+    rms_norm_eps: float = Field(default=1e-5, gt=0, strict=False, description="RMSNorm epsilon.")
+    tie_word_embeddings: bool = Field(default=True, description="The output projection shares the input embedding.")
 
     @model_validator(mode="after")
     def _heads_fit(self) -> ModelConfig:
@@ -112,24 +137,35 @@ class ModelConfig(_Section):
 
 
 class TrainingConfig(_Section):
-    block_size: int = Field(default=128, ge=2)
-    batch_size: int = Field(default=16, ge=1)
-    max_steps: int = Field(default=400, ge=1)
-    max_minutes: float = Field(default=9.0, gt=0, strict=False)
-    learning_rate: float = Field(default=2e-3, gt=0, strict=False)
-    min_learning_rate: float = Field(default=2e-4, ge=0, strict=False)
-    warmup_steps: int = Field(default=40, ge=0)
-    weight_decay: float = Field(default=0.1, ge=0, strict=False)
-    beta1: float = Field(default=0.9, gt=0, lt=1, strict=False)
-    beta2: float = Field(default=0.95, gt=0, lt=1, strict=False)
-    grad_clip: float = Field(default=1.0, gt=0, strict=False)
-    eval_every: int = Field(default=100, ge=1)
-    eval_batches: int = Field(default=8, ge=1)
-    log_every: int = Field(default=25, ge=1)
-    checkpoint_every: int = Field(default=100, ge=1)
-    seed: int = 1337
-    threads: int = Field(default=0, ge=0)  # 0: torch's default
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """model_checkpoint: AdamW with linear warmup and cosine decay, resumable checkpoints."""
+
+    block_size: int = Field(default=128, ge=2, description="Tokens per packed training sequence.")
+    batch_size: int = Field(default=16, ge=1, description="Sequences per step.")
+    max_steps: int = Field(default=400, ge=1, description="Training stops at max_steps or max_minutes, first come.")
+    max_minutes: float = Field(
+        default=9.0,
+        gt=0,
+        strict=False,
+        description="A run stopped by this publishes a partial model; the next run resumes to max_steps.",
+    )
+    learning_rate: float = Field(default=2e-3, gt=0, strict=False, description="Peak learning rate.")
+    min_learning_rate: float = Field(
+        default=2e-4, ge=0, strict=False, description="Where the cosine decay ends; at most learning_rate."
+    )
+    warmup_steps: int = Field(default=40, ge=0, description="Linear warmup steps.")
+    weight_decay: float = Field(default=0.1, ge=0, strict=False, description="AdamW weight decay.")
+    beta1: float = Field(default=0.9, gt=0, lt=1, strict=False, description="AdamW beta1.")
+    beta2: float = Field(default=0.95, gt=0, lt=1, strict=False, description="AdamW beta2.")
+    grad_clip: float = Field(default=1.0, gt=0, strict=False, description="Gradient norm clip.")
+    eval_every: int = Field(default=100, ge=1, description="Validation loss every N steps.")
+    eval_batches: int = Field(default=8, ge=1, description="Validation batches per evaluation.")
+    log_every: int = Field(default=25, ge=1, description="A progress line (loss, tokens/s, ETA) every N steps.")
+    checkpoint_every: int = Field(default=100, ge=1, description="A resumable checkpoint every N steps.")
+    seed: int = Field(default=1337, description="Initialisation and batch order.")
+    threads: int = Field(
+        default=0, ge=0, description="torch threads; 0: torch's default. Fix it for bit-identical reruns."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="auto: cuda when present, else cpu.")
 
     @model_validator(mode="after")
     def _schedule_fits(self) -> TrainingConfig:
@@ -148,62 +184,115 @@ DEFAULT_GOLDEN_PROMPTS = (
 )
 
 
-class ServingConfig(_Section):
-    """Engine limits and request defaults: copied into each serving bundle as serving.json."""
+class BundleConfig(_Section):
+    """The serving bundle's recipe: what decides its bytes and how it behaves wherever it is
+    served (engine limits the goldens depend on, request defaults, golden prompts). Copied
+    into each bundle's serving.json and golden.json, and hashed into its id: change one and
+    the next bundle is a new one, gated again."""
 
-    # Sequences decoded together; the KV-cache pool holds one slot per sequence.
-    max_batch: int = Field(default=64, ge=1, le=4096)
-    # Prompt + generated tokens per sequence; at most model.max_position_embeddings.
-    max_context: int = Field(default=256, ge=8)
-    # Requests queued for a slot; beyond this the server answers 429.
-    max_waiting: int = Field(default=256, ge=1)
-    # Prompt tokens prefilled per engine step (at least one request is admitted per step).
-    max_prefill_tokens: int = Field(default=4096, ge=1)
-    default_max_new_tokens: int = Field(default=64, ge=1)
-    default_temperature: float = Field(default=0.0, ge=0.0, strict=False)
-    default_top_k: int = Field(default=0, ge=0)
-    default_top_p: float = Field(default=1.0, gt=0.0, le=1.0, strict=False)
-    # Wall-clock limit of one request, queue time included: 504 when exceeded.
-    request_timeout_s: float = Field(default=60.0, gt=0, strict=False)
-    # Request bodies over this many bytes get 413, read no further than the limit.
-    max_request_bytes: int = Field(default=1 << 20, ge=1024, le=1 << 30)
-    # After SIGTERM: how long in-flight requests may take to finish before the server exits.
-    drain_timeout_s: float = Field(default=30.0, ge=0, strict=False)
-    threads: int = Field(default=0, ge=0)  # 0: torch's default
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    # One warmup generation per prompt length before readiness turns 200.
-    warmup_prompt_lengths: tuple[int, ...] = Field(default=(8, 32, 128), strict=False)
-    # Greedy continuations recorded in the bundle at build time and replayed by `aieng bundle verify`.
-    golden_prompts: tuple[str, ...] = Field(default=DEFAULT_GOLDEN_PROMPTS, strict=False, min_length=1)
-    golden_max_new_tokens: int = Field(default=16, ge=1)
-    # A model stopped by max_minutes before max_steps is not bundled unless this says so.
-    allow_partial_model: bool = False
+    max_batch: int = Field(
+        default=64, ge=1, le=4096, description="Sequences decoded together; the KV-cache pool holds one slot each."
+    )
+    max_context: int = Field(
+        default=256, ge=8, description="Prompt + generated tokens per sequence; at most model.max_position_embeddings."
+    )
+    max_prefill_tokens: int = Field(
+        default=4096,
+        ge=1,
+        description="Prompt tokens prefilled per engine step (at least one request is admitted per step).",
+    )
+    default_max_new_tokens: int = Field(default=64, ge=1, description="Request default when a request names none.")
+    default_temperature: float = Field(default=0.0, ge=0.0, strict=False, description="Request default; 0 is greedy.")
+    default_top_k: int = Field(default=0, ge=0, description="Request default; 0: no top-k cut.")
+    default_top_p: float = Field(default=1.0, gt=0.0, le=1.0, strict=False, description="Request default.")
+    golden_prompts: tuple[str, ...] = Field(
+        default=DEFAULT_GOLDEN_PROMPTS,
+        strict=False,
+        min_length=1,
+        description="Greedy continuations of these are recorded in the bundle at build time and replayed by "
+        "`aieng bundle verify`, every load and the gate.",
+    )
+    golden_max_new_tokens: int = Field(default=16, ge=1, description="Tokens generated per golden prompt.")
+    golden_threads: int = Field(
+        default=0,
+        ge=0,
+        description="torch threads the goldens are recorded with (replays use the same count: CPU reductions "
+        "split their work by thread count); 0: torch's default on the building machine.",
+    )
+    allow_partial_model: bool = Field(
+        default=False, description="Bundle a model stopped by training.max_minutes before max_steps."
+    )
 
     @model_validator(mode="after")
-    def _lengths_fit(self) -> ServingConfig:
-        for length in self.warmup_prompt_lengths:
-            if not 1 <= length < self.max_context:
-                raise ValueError(f"warmup_prompt_lengths: {length} is not in [1, max_context={self.max_context})")
+    def _goldens_named(self) -> BundleConfig:
         if any(not prompt for prompt in self.golden_prompts):
             raise ValueError("golden_prompts: a prompt is empty")
         return self
+
+
+class ServingConfig(_Section):
+    """What only the running server reads (`aieng serve` and the gate's servers): how it behaves
+    under load, on which device and threads. Never part of a bundle or its id: changing one
+    restarts a server, it does not rebuild or re-gate a bundle."""
+
+    max_waiting: int = Field(
+        default=256, ge=1, description="Requests queued for a KV-cache slot; beyond this the server answers 429."
+    )
+    request_timeout_s: float = Field(
+        default=60.0, gt=0, strict=False, description="Wall-clock limit of one request, queue time included: 504."
+    )
+    max_request_bytes: int = Field(
+        default=1 << 20,
+        ge=1024,
+        le=1 << 30,
+        description="Request bodies over this many bytes get 413, read no further than the limit.",
+    )
+    drain_timeout_s: float = Field(
+        default=30.0,
+        ge=0,
+        strict=False,
+        description="After SIGTERM: how long in-flight requests may take to finish before the server exits.",
+    )
+    threads: int = Field(default=0, ge=0, description="torch intra-op threads of the server; 0: torch's default.")
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="auto: cuda when present, else cpu.")
+    warmup_prompt_lengths: tuple[int, ...] = Field(
+        default=(8, 32, 128),
+        strict=False,
+        description="One warmup generation per prompt length before /health/ready turns 200; lengths not "
+        "below the bundle's max_context are skipped.",
+    )
+
+    @field_validator("warmup_prompt_lengths")
+    @classmethod
+    def _positive_lengths(cls, values: tuple[int, ...]) -> tuple[int, ...]:
+        if any(value < 1 for value in values):
+            raise ValueError("every length must be at least 1")
+        return values
 
 
 class BenchmarkConfig(_Section):
     """benchmark_report: a model's quality, speed and memory through our engine, with
     transformers `generate` measured beside it in the same run."""
 
-    # Throughput: this many sequences decoded together, each prompt_tokens long, new_tokens generated.
-    batch_sizes: tuple[int, ...] = Field(default=(1, 16, 64), strict=False, min_length=1)
-    prompt_tokens: int = Field(default=16, ge=1)
-    new_tokens: int = Field(default=32, ge=2)
-    # Latency: this many requests kept in flight at once (closed loop), requests_per_level each.
-    concurrencies: tuple[int, ...] = Field(default=(1, 4, 16), strict=False, min_length=1)
-    requests_per_level: int = Field(default=32, ge=1)
-    compare_transformers: bool = True
-    # The whole report stops (and says so) rather than run longer than this.
-    max_seconds: float = Field(default=300.0, gt=0, strict=False)
-    threads: int = Field(default=0, ge=0)  # 0: torch's default
+    batch_sizes: tuple[int, ...] = Field(
+        default=(1, 16, 64), strict=False, min_length=1, description="Throughput: sequences decoded together."
+    )
+    prompt_tokens: int = Field(default=16, ge=1, description="Prompt length of every benchmark request.")
+    new_tokens: int = Field(default=32, ge=2, description="Tokens generated per benchmark request.")
+    concurrencies: tuple[int, ...] = Field(
+        default=(1, 4, 16),
+        strict=False,
+        min_length=1,
+        description="Latency: requests kept in flight at once (closed loop), requests_per_level each.",
+    )
+    requests_per_level: int = Field(default=32, ge=1, description="Requests per latency level.")
+    compare_transformers: bool = Field(
+        default=True, description="transformers `generate` (greedy, use_cache) on the same weights, same run."
+    )
+    max_seconds: float = Field(
+        default=300.0, gt=0, strict=False, description="The report stops (and says so) rather than run longer."
+    )
+    threads: int = Field(default=0, ge=0, description="torch threads while measuring; 0: torch's default.")
 
     @field_validator("batch_sizes", "concurrencies")
     @classmethod
@@ -217,26 +306,46 @@ class GateConfig(_Section):
     """production_deployment: the promotion gate's stress test, SLOs, rollback drill, and the
     retrain schedule that feeds it."""
 
-    # Closed-loop stress: this many clients each; open loop: Poisson arrivals at these rates (req/s).
-    concurrencies: tuple[int, ...] = Field(default=(1, 8, 32), strict=False, min_length=1)
-    poisson_rates: tuple[float, ...] = Field(default=(4.0, 16.0), strict=False)
-    requests_per_level: int = Field(default=64, ge=1)
-    max_new_tokens: tuple[int, ...] = Field(default=(16, 32, 64), strict=False, min_length=1)  # cycled
-    max_seconds_per_level: float = Field(default=120.0, gt=0, strict=False)
-    # SLOs: P99 time to first token and end-to-end latency; a request is "good" (goodput) when
-    # its TTFT and TPOT are within slo_ttft_ms and slo_tpot_ms.
-    slo_ttft_p99_ms: float = Field(default=2000.0, gt=0, strict=False)
-    slo_e2el_p99_ms: float = Field(default=10000.0, gt=0, strict=False)
-    slo_ttft_ms: float = Field(default=1000.0, gt=0, strict=False)
-    slo_tpot_ms: float = Field(default=100.0, gt=0, strict=False)
-    # Fraction of requests that must be good, at every load level.
-    goodput_floor: float = Field(default=0.9, ge=0.0, le=1.0, strict=False)
-    # Candidate vs the deployed bundle's gate figures: at most this much worse.
-    max_regression: float = Field(default=0.10, ge=0.0, strict=False)
-    # Rollback drill: clients sending light traffic while the drill pointer switches.
-    drill_clients: int = Field(default=2, ge=1)
-    # Retrain schedule (cron, UTC): dataset_manifest -> model -> benchmark -> bundle.
-    retrain_cron: str = Field(default="0 3 * * 1", min_length=9)
+    concurrencies: tuple[int, ...] = Field(
+        default=(1, 8, 32), strict=False, min_length=1, description="Closed-loop stress: clients per level."
+    )
+    poisson_rates: tuple[float, ...] = Field(
+        default=(4.0, 16.0), strict=False, description="Open-loop stress: Poisson arrival rates (requests/s)."
+    )
+    requests_per_level: int = Field(default=64, ge=1, description="Requests per stress level.")
+    max_new_tokens: tuple[int, ...] = Field(
+        default=(16, 32, 64), strict=False, min_length=1, description="Cycled over the stress requests."
+    )
+    max_seconds_per_level: float = Field(
+        default=120.0, gt=0, strict=False, description="A stress level still running after this fails."
+    )
+    slo_ttft_p99_ms: float = Field(
+        default=2000.0, gt=0, strict=False, description="SLO: P99 time to first token, at every level."
+    )
+    slo_e2el_p99_ms: float = Field(
+        default=10000.0, gt=0, strict=False, description="SLO: P99 end-to-end latency, at every level."
+    )
+    slo_ttft_ms: float = Field(
+        default=1000.0, gt=0, strict=False, description="Goodput: a request is good within this TTFT..."
+    )
+    slo_tpot_ms: float = Field(default=100.0, gt=0, strict=False, description="...and this TPOT.")
+    goodput_floor: float = Field(
+        default=0.9, ge=0.0, le=1.0, strict=False, description="Fraction of good requests required at every level."
+    )
+    max_regression: float = Field(
+        default=0.10,
+        ge=0.0,
+        strict=False,
+        description="Candidate vs the deployed bundle's gate figures: at most this much worse.",
+    )
+    drill_clients: int = Field(
+        default=2, ge=1, description="Rollback drill: clients sending light traffic while the drill pointer switches."
+    )
+    retrain_cron: str = Field(
+        default="0 3 * * 1",
+        min_length=9,
+        description="Retrain schedule (cron, UTC): dataset_manifest -> model -> benchmark -> bundle.",
+    )
 
     @field_validator("concurrencies", "max_new_tokens")
     @classmethod
@@ -259,17 +368,24 @@ class AiengConfig(_Section):
     dataset: DatasetConfig = DatasetConfig()
     model: ModelConfig = ModelConfig()
     training: TrainingConfig = TrainingConfig()
+    bundle: BundleConfig = BundleConfig()
     serving: ServingConfig = ServingConfig()
     benchmark: BenchmarkConfig = BenchmarkConfig()
     gate: GateConfig = GateConfig()
 
     @model_validator(mode="after")
     def _context_fits_model(self) -> AiengConfig:
-        if self.serving.max_context > self.model.max_position_embeddings:
+        if self.bundle.max_context > self.model.max_position_embeddings:
             raise ValueError(
-                f"serving.max_context ({self.serving.max_context}) exceeds model.max_position_embeddings "
+                f"bundle.max_context ({self.bundle.max_context}) exceeds model.max_position_embeddings "
                 f"({self.model.max_position_embeddings})"
             )
+        for length in self.serving.warmup_prompt_lengths:
+            if length >= self.bundle.max_context:
+                raise ValueError(
+                    f"serving.warmup_prompt_lengths: {length} is not below bundle.max_context "
+                    f"({self.bundle.max_context})"
+                )
         return self
 
     def section_sha256(self, *names: str) -> str:
@@ -297,6 +413,10 @@ def resolve_config_path(path: str | os.PathLike | None = None) -> Path:
 def _format_error(error: ErrorDetails) -> str:
     key = ".".join(str(part) for part in error["loc"]) or "<top level>"
     if error["type"] == "extra_forbidden":
+        section, name = (error["loc"] + ("", ""))[:2]
+        if section == "serving" and name in BundleConfig.model_fields:
+            # The serving: section was split: its recipe keys moved to bundle: (they decide the bundle's id).
+            return f"{key}: moved to bundle.{name} (the bundle's recipe; serving: keeps what the server reads)"
         return f"{key}: unknown key"
     return f"{key}: {error['msg']} (got {error.get('input')!r})"
 

@@ -2,6 +2,7 @@
 
 import dagster as dg
 
+from orchestration.assets import data, dataset, model, serving, tokenizer
 from orchestration.assets.benchmark import benchmark_report
 from orchestration.assets.data import clean_documents, raw_documents
 from orchestration.assets.dataset import dataset_manifest
@@ -9,11 +10,13 @@ from orchestration.assets.deployment import production_deployment
 from orchestration.assets.model import model_checkpoint
 from orchestration.assets.serving import serving_bundle
 from orchestration.assets.tokenizer import bpe_tokenizer, tokenized_documents
-from orchestration.checks import ALL_CHECKS
 from orchestration.partitions import CONFIG_PATH
 from orchestration.resources import AiengResource
 from orchestration.schedules import daily_ingest_job, daily_ingest_schedule, retrain_job, retrain_schedule
 from orchestration.sensors import deploy_job, serving_bundle_sensor
+
+# Each asset module keeps the checks of its assets beside them.
+ALL_CHECKS = [*data.CHECKS, *tokenizer.CHECKS, *dataset.CHECKS, *model.CHECKS, *serving.CHECKS]
 
 defs = dg.Definitions(
     assets=[

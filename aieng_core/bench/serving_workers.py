@@ -1,10 +1,11 @@
 """What each fresh process of the serving benchmark measures: one peer, one process.
 
-run_serving_bench (serving_bench.py) writes a plan (plan.json: paths, thread count, prompts as
-token ids and text, output lengths) and starts `python -m aieng_core.bench.serving_bench
---worker NAME PLAN`; the worker prints one JSON line. A peer never shares a process with
-another peer, nor with the CTranslate2 converter (which loads the model through transformers:
-CTranslate2 runs about ten times slower in such a process on this machine).
+run_serving_bench (serving_bench.py) writes a plan (serving_plan.py; plan.json: paths, thread
+count, prompts as token ids and text, output lengths) and starts `python -m
+aieng_core.bench.serving_bench --worker NAME PLAN`; the worker prints one JSON line. A peer
+never shares a process with another peer, nor with the CTranslate2 converter (which loads the
+model through transformers: CTranslate2 runs about ten times slower in such a process on this
+machine).
 
 - ours: our engine in-process (Engine.generate): single stream, batches, the 16 mixed
   requests, and the fp32 torch.matmul peak of this process for the FLOP/s fraction;

@@ -1,5 +1,5 @@
-"""benchmark_report: a model's quality, speed and memory, measured beside its peers
-(transformers `generate` on the same weights, and the bundle production serves)."""
+"""benchmark_report: a model's quality, speed and memory, measured beside its peer
+(transformers `generate` on the same weights)."""
 
 from aieng_core.benchmark.benchmark_report import CODE_VERSION, KIND, REPORT_FILE, build_benchmark_report, read_report
 

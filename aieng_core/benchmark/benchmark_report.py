@@ -6,11 +6,14 @@ continuations of the golden prompts through the serving engine. Speed: tokens/s 
 engine at each configured batch size, with transformers `generate` on the same weights,
 prompts and lengths beside it; latency (TTFT, TPOT, ITL, E2EL) against the requests kept in
 flight through the threaded engine loop. Memory: this process's peak RSS against the budget
-rule. When production serves a bundle, its model runs the same throughput measurements,
-alternated with the candidate's. Everything runs on CPU, in process.
+rule. Everything runs on CPU, in process.
+
+The report measures one model and nothing else: what production serves decides nothing in
+it (its id names every input, and no hidden one may decide its bytes). Comparing a candidate
+with the deployed bundle is the promotion gate's question (gate/compare.py).
 
 The artifact holds benchmark.json (every figure), throughput.png and latency.png. Its id
-is the recipe's (model, dataset, the benchmark, serving and training sections, code version):
+is the recipe's (model, dataset, the benchmark, bundle and training sections, code version):
 timings are measurements, not recipe, so the same recipe is reused as it was measured.
 Measuring stops once `benchmark.max_seconds` has run out; such a report says what it lacks
 (`truncated`, `truncated_reason`, `skipped`) and is published under an id of its own, so it
@@ -41,7 +44,8 @@ from aieng_core.store import Artifact, ArtifactIntegrityError, ArtifactSpec, Art
 # location imports this module to define the asset, and loading the location must stay light.
 
 KIND = asset_keys.BENCHMARK_REPORT
-CODE_VERSION = "benchmark_report-v1"
+# v2: measures the model alone; the comparison with the deployed bundle moved to the gate.
+CODE_VERSION = "benchmark_report-v2"
 MODEL_KIND = asset_keys.MODEL_CHECKPOINT
 DATASET_KIND = asset_keys.DATASET_MANIFEST
 REPORT_FILE = "benchmark.json"
@@ -62,27 +66,27 @@ class _Truncated(Exception):
 
 
 def engine_limits(config: AiengConfig) -> dict[str, int]:
-    """The engine the report measures: the served context and prefill limit, with a slot for
+    """The engine the report measures: the bundle's context and prefill limit, with a slot for
     every sequence of the largest batch or concurrency level."""
     bench = config.benchmark
     largest = max((*bench.batch_sizes, *bench.concurrencies))
     limits = {
         "max_batch": largest,
-        "max_context": config.serving.max_context,
-        "max_waiting": max(largest, len(config.serving.golden_prompts)),
-        "max_prefill_tokens": config.serving.max_prefill_tokens,
+        "max_context": config.bundle.max_context,
+        "max_waiting": max(largest, len(config.bundle.golden_prompts)),
+        "max_prefill_tokens": config.bundle.max_prefill_tokens,
     }
     if bench.prompt_tokens + bench.new_tokens > limits["max_context"]:
         raise ValueError(
             f"benchmark.prompt_tokens ({bench.prompt_tokens}) + benchmark.new_tokens ({bench.new_tokens}) exceeds "
-            f"serving.max_context ({limits['max_context']})"
+            f"bundle.max_context ({limits['max_context']})"
         )
     return limits
 
 
 def dataset_of(store: ArtifactStore, model: Artifact) -> Artifact:
     """The dataset_manifest the model was trained on (its manifest's input), verified."""
-    ids = [item["id"] for item in model.manifest.get("inputs", []) if item.get("kind") == DATASET_KIND]
+    ids = model.input_ids(DATASET_KIND)
     if len(ids) != 1:
         raise ArtifactIntegrityError(
             f"{MODEL_KIND} {model.id} names {len(ids)} {DATASET_KIND} inputs in its manifest, not one"
@@ -94,9 +98,9 @@ def report_spec(config: AiengConfig, model: Artifact, dataset: Artifact) -> Arti
     return ArtifactSpec(
         kind=KIND,
         code_version=CODE_VERSION,
-        # benchmark: what is measured; serving: the engine limits and golden prompts; training:
+        # benchmark: what is measured; bundle: the engine limits and golden prompts; training:
         # the validation windows (block_size, batch_size, eval_batches).
-        config_sha256=config.section_sha256("benchmark", "serving", "training"),
+        config_sha256=config.section_sha256("benchmark", "bundle", "training"),
         inputs=((MODEL_KIND, model.id), (DATASET_KIND, dataset.id)),
         recipe={"device": DEVICE},
     )
@@ -117,7 +121,7 @@ def build_benchmark_report(
     spec = report_spec(config, model, dataset)
 
     def produce(staging: Path) -> Produced:
-        report = measure(store, config, model, dataset, logger, clock)
+        report = measure(config, model, dataset, logger, clock)
         if report["truncated"]:
             raise _Truncated(report)
         return write_report(staging, report)
@@ -154,15 +158,7 @@ def write_report(staging: Path, report: dict[str, Any]) -> Produced:
     return Produced(content_sha256=sha256_json(content), metrics=summary_metrics(report))
 
 
-def deployed_bundle_path(store: ArtifactStore) -> Path | None:
-    """The bundle production serves, or None when nothing is deployed."""
-    from aieng_core.deploy.deployments import Deployments
-
-    return Deployments(store.home, store=store).current_bundle_path()
-
-
 def measure(
-    store: ArtifactStore,
     config: AiengConfig,
     model_artifact: Artifact,
     dataset: Artifact,
@@ -176,17 +172,17 @@ def measure(
     from aieng_core.benchmark.latency import DEFINITIONS, latency_level
     from aieng_core.benchmark.memory_use import memory_figures
     from aieng_core.benchmark.quality import validation_quality
-    from aieng_core.bundle.golden import record_goldens, torch_threads
     from aieng_core.model.hf_files import load_model
+    from aieng_core.serving.device import torch_threads
     from aieng_core.serving.engine import Engine, EngineLimits
+    from aieng_core.serving.greedy import greedy_continuations
     from aieng_core.tokenizer.bpe import load_tokenizer
 
     started = time.perf_counter()
-    bench, serving = config.benchmark, config.serving
+    bench, recipe = config.benchmark, config.bundle
     budget = TimeBudget(bench.max_seconds, clock)
     limits = engine_limits(config)
     threads = bench.threads or torch.get_num_threads()
-    deployed_path = deployed_bundle_path(store)  # a damaged pointer stops the report before it measures
     transformers_version: str | None = None
 
     with torch_threads(threads):
@@ -204,7 +200,7 @@ def measure(
         engine = Engine(model, tokenizer, EngineLimits(**limits), eos)
         golden = None
         if budget.allows("golden continuations"):
-            golden = record_goldens(engine, serving.golden_prompts, serving.golden_max_new_tokens)
+            golden = greedy_continuations(engine, recipe.golden_prompts, recipe.golden_max_new_tokens)
 
         ours = speed.engine_generate(engine)
         hf_generate: speed.Generate | None = None
@@ -253,10 +249,6 @@ def measure(
                 f"TPOT P99 {level['tpot_ms']['p99']:.1f} ms"
             )
 
-        deployed = None
-        if deployed_path is not None:
-            deployed = _measure_deployed(deployed_path, model_artifact.id, limits, bench, engine, budget, logger)
-
         memory = memory_figures(parameters)
 
     return {
@@ -283,65 +275,9 @@ def measure(
         "throughput": throughput,
         "latency": latency,
         "latency_definitions": DEFINITIONS,
-        "deployed": deployed,
         "memory": memory,
         "truncated": budget.truncated,
         "truncated_reason": budget.reason(),
         "skipped": budget.skipped,
         "seconds": time.perf_counter() - started,
     }
-
-
-def _measure_deployed(
-    path: Path,
-    candidate_model_id: str,
-    limits: dict[str, int],
-    bench: Any,
-    candidate: Any,
-    budget: TimeBudget,
-    logger: Any,
-) -> dict[str, Any]:
-    """The deployed bundle's model through our engine, alternated with the candidate's, at each batch size."""
-    from aieng_core.benchmark import speed
-    from aieng_core.bundle.verify import load_bundle
-    from aieng_core.serving.engine import Engine, EngineLimits
-
-    manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
-    model_ids = [item["id"] for item in manifest.get("inputs", []) if item.get("kind") == MODEL_KIND]
-    deployed_model_id = model_ids[0] if model_ids else None
-    result: dict[str, Any] = {
-        "bundle_id": path.name,  # the store's directory name is the id (Deployments checked it)
-        "model_checkpoint_id": deployed_model_id,
-        "same_model": deployed_model_id == candidate_model_id,
-        "throughput": [],
-    }
-    engine = None
-    for size in bench.batch_sizes:
-        if not budget.allows(f"deployed throughput at batch {size}"):
-            continue
-        if engine is None:
-            loaded = load_bundle(path, DEVICE, check_goldens=False)  # files re-hashed; goldens are the gate's
-            context = min(limits["max_context"], loaded.model.config.max_position_embeddings)
-            if bench.prompt_tokens + bench.new_tokens > context:
-                raise ValueError(
-                    f"the deployed bundle {loaded.bundle_id} has a context of {context} tokens, too short for "
-                    f"benchmark.prompt_tokens + benchmark.new_tokens ({bench.prompt_tokens + bench.new_tokens})"
-                )
-            engine = Engine(
-                loaded.model, loaded.tokenizer, EngineLimits(**{**limits, "max_context": context}), loaded.eos_token_id
-            )
-        peers = {
-            "candidate": (
-                speed.engine_generate(candidate),
-                speed.benchmark_prompts(candidate.encode, candidate.eos_token_id, size, bench.prompt_tokens),
-            ),
-            "deployed": (
-                speed.engine_generate(engine),
-                speed.benchmark_prompts(engine.encode, engine.eos_token_id, size, bench.prompt_tokens),
-            ),
-        }
-        figures, _ = speed.side_by_side(peers, bench.new_tokens)
-        ratio = figures["candidate"]["tokens_per_second"] / figures["deployed"]["tokens_per_second"]
-        result["throughput"].append({"batch_size": size, **figures, "ratio_vs_deployed": ratio})
-        logger.info(f"{KIND}: batch {size}: candidate / deployed {result['bundle_id']} = {ratio:.2f}")
-    return result

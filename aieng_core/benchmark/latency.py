@@ -38,13 +38,14 @@ DEFINITIONS = {
 }
 
 
-def closed_loop(
+def engine_closed_loop(
     engine: Any, prompts: list[list[int]], new_tokens: int, concurrency: int, timeout_s: float
 ) -> list[RequestRecord]:
     """Run every prompt (greedy, ignore_eos, new_tokens each) through an EngineLoop with at
     most `concurrency` in flight: each finished request submits the next. Raises TimeoutError
     when they are not all done within `timeout_s`."""
-    from aieng_core.serving.engine import EngineLoop, RequestOutput
+    from aieng_core.serving.engine import RequestOutput
+    from aieng_core.serving.engine_loop import EngineLoop
     from aieng_core.serving.request import SamplingParams
 
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
@@ -102,7 +103,7 @@ def latency_level(
     engine: Any, prompts: list[list[int]], new_tokens: int, concurrency: int, timeout_s: float
 ) -> dict[str, Any]:
     """One concurrency level's figures; every request must complete with exactly new_tokens."""
-    records = closed_loop(engine, prompts, new_tokens, concurrency, timeout_s)
+    records = engine_closed_loop(engine, prompts, new_tokens, concurrency, timeout_s)
     failed = [record.error for record in records if not record.ok]
     if failed:
         raise RuntimeError(f"latency at concurrency {concurrency}: {len(failed)} requests failed: {failed[:3]}")

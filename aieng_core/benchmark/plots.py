@@ -28,12 +28,11 @@ def _not_measured(axes: Any, what: str) -> None:
 
 
 def throughput_png(report: dict[str, Any]) -> bytes:
-    """Grouped bars: tokens/s at each batch size, ours, transformers and the deployed model."""
+    """Grouped bars: tokens/s at each batch size, ours beside transformers."""
     rows = report["throughput"]
-    deployed = {row["batch_size"]: row for row in (report["deployed"] or {}).get("throughput", [])}
-    sizes = sorted({row["batch_size"] for row in rows} | set(deployed))
+    sizes = sorted({row["batch_size"] for row in rows})
     series: list[tuple[str, dict[int, float]]] = [
-        ("ours (candidate)", {row["batch_size"]: row["ours"]["tokens_per_second"] for row in rows}),
+        ("ours", {row["batch_size"]: row["ours"]["tokens_per_second"] for row in rows}),
     ]
     if any(row["transformers"] for row in rows):
         series.append(
@@ -42,10 +41,6 @@ def throughput_png(report: dict[str, Any]) -> bytes:
                 {row["batch_size"]: row["transformers"]["tokens_per_second"] for row in rows if row["transformers"]},
             )
         )
-    if deployed:
-        bundle = report["deployed"]["bundle_id"]
-        figures = {size: row["deployed"]["tokens_per_second"] for size, row in deployed.items()}
-        series.append((f"deployed {bundle}", figures))
     figure, axes = plt.subplots(figsize=(6.4, 3.6), dpi=100)
     if not sizes:
         _not_measured(axes, "throughput")

@@ -1,5 +1,5 @@
 """The report's figures in two flat forms: the manifest metrics (the serving bundle carries
-them as the promotion gate's baseline) and a markdown table for the Dagster UI."""
+them) and a markdown table for the Dagster UI."""
 
 from __future__ import annotations
 
@@ -44,11 +44,6 @@ def summary_metrics(report: dict[str, Any]) -> dict[str, Any]:
     metrics["peak_rss_bytes"] = memory["peak_rss_bytes"]
     metrics["memory_budget_bytes"] = memory["budget_bytes"]
     metrics["within_memory_budget"] = memory["within_budget"]
-    deployed = report["deployed"]
-    metrics["deployed_bundle_id"] = deployed["bundle_id"] if deployed else None
-    for row in deployed["throughput"] if deployed else []:
-        metrics[f"deployed_tokens_per_second_batch_{row['batch_size']}"] = row["deployed"]["tokens_per_second"]
-        metrics[f"ratio_vs_deployed_batch_{row['batch_size']}"] = row["ratio_vs_deployed"]
     return metrics
 
 
@@ -71,22 +66,14 @@ def figures_markdown(report: dict[str, Any]) -> str:
             f"{_number(quality['recorded_validation_loss'], 4)} |",
             "",
         ]
-    deployed = {row["batch_size"]: row for row in (report["deployed"] or {}).get("throughput", [])}
-    if report["throughput"] or deployed:
-        lines += [
-            "| batch | ours tok/s | transformers tok/s | ours / transformers | deployed tok/s | candidate / deployed |",
-            "|---|---|---|---|---|---|",
-        ]
-        ours = {row["batch_size"]: row for row in report["throughput"]}
-        for size in sorted(set(ours) | set(deployed)):
-            row, other = ours.get(size), deployed.get(size)
-            theirs = row["transformers"] if row else None
+    if report["throughput"]:
+        lines += ["| batch | ours tok/s | transformers tok/s | ours / transformers |", "|---|---|---|---|"]
+        for row in report["throughput"]:
+            theirs = row["transformers"]
             lines.append(
-                f"| {size} | {_number(row['ours']['tokens_per_second']) if row else 'n/a'} | "
+                f"| {row['batch_size']} | {_number(row['ours']['tokens_per_second'])} | "
                 f"{_number(theirs['tokens_per_second']) if theirs else 'n/a'} | "
-                f"{_number(row['ratio_vs_transformers'], 2) if row else 'n/a'} | "
-                f"{_number(other['deployed']['tokens_per_second']) if other else 'n/a'} | "
-                f"{_number(other['ratio_vs_deployed'], 2) if other else 'n/a'} |"
+                f"{_number(row['ratio_vs_transformers'], 2)} |"
             )
         lines.append("")
     if report["latency"]:

@@ -5,7 +5,6 @@ report in one immutable artifact (serving_bundle.py), recorded and replayed gold
 from aieng_core.bundle.serving_bundle import (
     CODE_VERSION,
     KIND,
-    build_report_and_bundle,
     build_serving_bundle,
     produce_bundle_files,
 )
@@ -16,7 +15,6 @@ __all__ = [
     "KIND",
     "BundleVerificationError",
     "LoadedBundle",
-    "build_report_and_bundle",
     "build_serving_bundle",
     "load_bundle",
     "produce_bundle_files",

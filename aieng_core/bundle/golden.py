@@ -1,5 +1,5 @@
-"""Golden outputs: greedy continuations recorded by the serving engine when a bundle is built,
-and replayed when it is verified or loaded.
+"""Golden outputs: greedy continuations recorded by the serving engine when a bundle is built
+(serving/greedy.py), and replayed here when it is verified or loaded.
 
 They are recorded by the engine itself (not by the model's reference loop), so a replay
 checks exactly what will serve: weights, tokenizer, cache, batching and detokenizer together.
@@ -9,45 +9,13 @@ thread count, so both recording and replay run on CPU with the thread count reco
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from aieng_core.serving.engine import Engine
 
 GOLDEN_DEVICE = "cpu"
-
-
-@contextmanager
-def torch_threads(threads: int) -> Iterator[None]:
-    """Run the block with `threads` torch intra-op threads, then restore the previous count."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def record_goldens(engine: Engine, prompts: Sequence[str], max_new_tokens: int) -> list[dict[str, Any]]:
-    """One greedy generation per prompt, all submitted together as the server would batch them."""
-    from aieng_core.serving.request import SamplingParams
-
-    outputs = engine.generate(list(prompts), SamplingParams(max_new_tokens=max_new_tokens))
-    return [
-        {
-            "prompt": prompt,
-            "prompt_ids": engine.encode(prompt),
-            "max_new_tokens": max_new_tokens,
-            "token_ids": list(output.token_ids),
-            "text": output.text,
-            "finish_reason": output.finish_reason,
-        }
-        for prompt, output in zip(prompts, outputs)
-    ]
 
 
 def replay_goldens(engine: Engine, golden: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,14 +1,18 @@
 """serving_bundle: everything `aieng serve` needs, in one immutable, verifiable artifact.
 
 The bundle holds the model (model.safetensors, config.json, generation_config.json), its
-tokenizer files, serving.json (engine limits and request defaults from the `serving:` config
+tokenizer files, serving.json (engine limits and request defaults from the `bundle:` config
 section, plus the model's EOS id), golden.json (greedy continuations of the configured
 prompts, recorded by the serving engine itself) and benchmark.json, the benchmark_report of
-the same model: its figures (also in the manifest's metrics, under `benchmark`) are the
-baseline the promotion gate compares against. Its manifest lists every file's SHA-256, names
-the model checkpoint and the benchmark report as its inputs, and carries a lineage summary
-found by walking the inputs chain down to the raw snapshots. Same model + report + serving
-config + code -> same id, reused.
+the same model (its figures are also in the manifest's metrics, under `benchmark`). Its
+manifest lists every file's SHA-256, names the model checkpoint and the benchmark report as
+its inputs, and carries a lineage summary found by walking the inputs chain down to the raw
+snapshots. Same model + report + bundle config + code -> same id, reused. What only a
+running server reads (the `serving:` section: queue length, timeouts, threads, device) is
+not in the bundle and never changes its id.
+
+The bundle is built from a report that exists; measuring one is the report's builder, and the
+asset graph and `aieng bundle build` compose the two.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from aieng_core import asset_keys
-from aieng_core.bundle.golden import GOLDEN_DEVICE, record_goldens, torch_threads
-from aieng_core.config import AiengConfig, ServingConfig
+from aieng_core.bundle.golden import GOLDEN_DEVICE
+from aieng_core.config import AiengConfig, BundleConfig
 from aieng_core.faults import crash_point
 from aieng_core.hashing import sha256_file, sha256_json
 from aieng_core.store import (
@@ -43,7 +47,8 @@ from aieng_core.tokenizer.bpe import TOKENIZER_FILES
 
 KIND = asset_keys.SERVING_BUNDLE
 # v3: carries the benchmark_report of its model (benchmark.json, metrics["benchmark"]), an input.
-CODE_VERSION = "serving_bundle-v3"
+# v4: its recipe is the bundle: section; serving.json holds only it (what the server reads is not in it).
+CODE_VERSION = "serving_bundle-v4"
 MODEL_KIND = asset_keys.MODEL_CHECKPOINT
 BENCHMARK_KIND = asset_keys.BENCHMARK_REPORT
 
@@ -58,23 +63,11 @@ BUNDLE_FILES = (*MODEL_FILES, SERVING_FILE, GOLDEN_FILE)
 # hash of what serves. Spelled out (not imported from aieng_core/benchmark/) as MODEL_FILES are.
 BENCHMARK_FILE = "benchmark.json"
 
-# The ServingConfig fields copied into serving.json: what the engine and the server need at run time.
-SERVING_FIELDS = (
-    "max_batch",
-    "max_context",
-    "max_waiting",
-    "max_prefill_tokens",
-    "default_max_new_tokens",
-    "default_temperature",
-    "default_top_k",
-    "default_top_p",
-    "request_timeout_s",
-    "drain_timeout_s",
-    "warmup_prompt_lengths",
-    "threads",
-    "device",
-)
-ENGINE_LIMIT_FIELDS = ("max_batch", "max_context", "max_waiting", "max_prefill_tokens")
+# The engine limits the bundle fixes (the KV-cache pool's size, what one step prefills) and the
+# request defaults: the BundleConfig fields copied into serving.json, with the model's eos_token_id.
+ENGINE_LIMIT_FIELDS = ("max_batch", "max_context", "max_prefill_tokens")
+REQUEST_DEFAULT_FIELDS = ("default_max_new_tokens", "default_temperature", "default_top_k", "default_top_p")
+SERVING_FIELDS = (*ENGINE_LIMIT_FIELDS, *REQUEST_DEFAULT_FIELDS)
 
 log = logging.getLogger("aieng.bundle")
 
@@ -88,11 +81,18 @@ class BenchmarkReportMismatch(ValueError):
 
 
 def golden_limits(serving: dict[str, Any], prompts: int) -> dict[str, int]:
-    """Engine limits for recording or replaying goldens: the bundle's own, except that every
-    golden prompt may wait at once (max_waiting may be smaller than the prompt set)."""
-    limits = {name: int(serving[name]) for name in ENGINE_LIMIT_FIELDS}
-    limits["max_waiting"] = max(limits["max_waiting"], prompts)
-    return limits
+    """Engine limits for recording or replaying goldens: the bundle's own, with every golden
+    prompt waiting at once (the queue's length is the server's, and never shapes the batch)."""
+    return {**{name: int(serving[name]) for name in ENGINE_LIMIT_FIELDS}, "max_waiting": prompts}
+
+
+def engine_for(model: Any, tokenizer: Any, serving: dict[str, Any], max_waiting: int) -> Any:
+    """The engine a bundle's serving.json describes, with a queue of `max_waiting`: the one way
+    a bundle becomes an Engine (recording goldens, replaying them, serving)."""
+    from aieng_core.serving.engine import Engine, EngineLimits
+
+    limits = EngineLimits(**{name: int(serving[name]) for name in ENGINE_LIMIT_FIELDS}, max_waiting=max_waiting)
+    return Engine(model, tokenizer, limits, int(serving["eos_token_id"]))
 
 
 def kv_cache_bytes(model_config: Any, max_batch: int, max_context: int) -> int:
@@ -104,13 +104,14 @@ def kv_cache_bytes(model_config: Any, max_batch: int, max_context: int) -> int:
 
 
 def produce_bundle_files(
-    staging: Path, model_artifact: Artifact, serving: ServingConfig, threads: int, benchmark: Artifact | None = None
+    staging: Path, model_artifact: Artifact, recipe: BundleConfig, threads: int, benchmark: Artifact | None = None
 ) -> Produced:
     """Write a bundle of `model_artifact` into `staging`, with `benchmark` (its model's
     benchmark_report) when given; needs nothing but the artifacts' directories and manifests
     (the serving benchmark bundles models of its own, without a report)."""
     from aieng_core.model.hf_files import checkpoint_config, load_model
-    from aieng_core.serving.engine import Engine, EngineLimits
+    from aieng_core.serving.device import torch_threads
+    from aieng_core.serving.greedy import greedy_continuations
     from aieng_core.tokenizer.bpe import load_tokenizer
 
     if benchmark is not None:
@@ -137,22 +138,22 @@ def produce_bundle_files(
         manifest={"files": {name: model_artifact.manifest["files"][name] for name in MODEL_FILES}},
     )
     model_config = checkpoint_config(copied)
-    if serving.max_context > model_config.max_position_embeddings:
+    if recipe.max_context > model_config.max_position_embeddings:
         raise ValueError(
-            f"serving.max_context ({serving.max_context}) exceeds the model's max_position_embeddings "
+            f"bundle.max_context ({recipe.max_context}) exceeds the model's max_position_embeddings "
             f"({model_config.max_position_embeddings})"
         )
-    settings = {name: getattr(serving, name) for name in SERVING_FIELDS}
-    settings["warmup_prompt_lengths"] = list(serving.warmup_prompt_lengths)
+    settings: dict[str, Any] = {name: getattr(recipe, name) for name in SERVING_FIELDS}
     settings["eos_token_id"] = model_config.eos_token_id
     _write_json(staging / SERVING_FILE, settings)
 
     # Goldens come from the bytes just copied, through the engine that will serve them.
-    limits = golden_limits(settings, len(serving.golden_prompts))
+    prompts = recipe.golden_prompts
     with torch_threads(threads):
         model = load_model(copied, GOLDEN_DEVICE)
-        engine = Engine(model, load_tokenizer(staging), EngineLimits(**limits), model_config.eos_token_id)
-        outputs = record_goldens(engine, serving.golden_prompts, serving.golden_max_new_tokens)
+        engine = engine_for(model, load_tokenizer(staging), settings, max_waiting=len(prompts))
+        outputs = greedy_continuations(engine, prompts, recipe.golden_max_new_tokens)
+    limits = golden_limits(settings, len(prompts))
     golden = {"device": GOLDEN_DEVICE, "threads": threads, "engine_limits": limits, "outputs": outputs}
     _write_json(staging / GOLDEN_FILE, golden)
 
@@ -170,11 +171,11 @@ def produce_bundle_files(
         "parameters": model.num_parameters(),
         "eos_token_id": model_config.eos_token_id,
         "golden_prompts": len(outputs),
-        "golden_max_new_tokens": serving.golden_max_new_tokens,
+        "golden_max_new_tokens": recipe.golden_max_new_tokens,
         "golden_threads": threads,
         "files": len(written),
         "bytes": sum((staging / name).stat().st_size for name in written),
-        "kv_cache_bytes": kv_cache_bytes(model_config, serving.max_batch, serving.max_context),
+        "kv_cache_bytes": kv_cache_bytes(model_config, recipe.max_batch, recipe.max_context),
         **{name: settings[name] for name in ENGINE_LIMIT_FIELDS},
     }
     return Produced(content_sha256=bundle_content_sha256(content), metrics=metrics)
@@ -182,7 +183,7 @@ def produce_bundle_files(
 
 def report_model_id(report: Artifact) -> str | None:
     """The model_checkpoint a benchmark_report measured (its manifest's input)."""
-    ids = [item.get("id") for item in report.manifest.get("inputs", []) if item.get("kind") == MODEL_KIND]
+    ids = report.input_ids(MODEL_KIND)
     return ids[0] if len(ids) == 1 else None
 
 
@@ -218,13 +219,13 @@ def bundle_content_sha256(file_hashes: dict[str, str]) -> str:
 def bundle_spec(config: AiengConfig, model: Artifact, report: Artifact) -> ArtifactSpec:
     import torch
 
-    # serving.threads 0 means torch's default, which follows the machine's cores; goldens
+    # golden_threads 0 means torch's default, which follows the machine's cores; goldens
     # recorded with another thread count could differ in the last bit, so it is recipe.
-    threads = config.serving.threads or torch.get_num_threads()
+    threads = config.bundle.golden_threads or torch.get_num_threads()
     return ArtifactSpec(
         kind=KIND,
         code_version=CODE_VERSION,
-        config_sha256=config.section_sha256("serving"),
+        config_sha256=config.section_sha256("bundle"),
         inputs=((MODEL_KIND, model.id), (BENCHMARK_KIND, report.id)),
         # A report's id is its recipe's, and its figures are measurements: its content hash names
         # the figures this bundle carries (a report measured again under the same id is another baseline).
@@ -232,14 +233,14 @@ def bundle_spec(config: AiengConfig, model: Artifact, report: Artifact) -> Artif
     )
 
 
-def refuse_partial(model: Artifact, serving: ServingConfig) -> None:
+def refuse_partial(model: Artifact, recipe: BundleConfig) -> None:
     metrics = model.metrics
-    if metrics.get("partial") and not serving.allow_partial_model:
+    if metrics.get("partial") and not recipe.allow_partial_model:
         raise PartialModelRefused(
             f"{MODEL_KIND} {model.id} is a partial model: training stopped by max_minutes after "
             f"{metrics.get('steps')} of {metrics.get('max_steps')} steps. Finish training first "
             f"(`aieng model train`, or `dagster asset materialize -m orchestration.definitions --select "
-            f"{MODEL_KIND}`: it resumes from step {metrics.get('steps')}), or set serving.allow_partial_model: "
+            f"{MODEL_KIND}`: it resumes from step {metrics.get('steps')}), or set bundle.allow_partial_model: "
             "true to bundle it anyway"
         )
 
@@ -250,7 +251,7 @@ def build_serving_bundle(
     """Bundle (or reuse the bundle of) the current model checkpoint, with the current
     benchmark report, which must be of the same model."""
     model = store.check_input(store.require_current(MODEL_KIND))
-    refuse_partial(model, config.serving)
+    refuse_partial(model, config.bundle)
     report = current_report(store)
     refuse_other_model(report, model)
     store.check_input(report)
@@ -260,7 +261,7 @@ def build_serving_bundle(
     lineage = lineage_summary(store, report)
 
     def produce(staging: Path) -> Produced:
-        produced = produce_bundle_files(staging, model, config.serving, spec.recipe["threads"], report)
+        produced = produce_bundle_files(staging, model, config.bundle, spec.recipe["threads"], report)
         logger.info(
             f"{KIND}: bundled {MODEL_KIND} {model.id} with {produced.metrics['golden_prompts']} goldens and "
             f"{BENCHMARK_KIND} {report.id}"
@@ -268,18 +269,6 @@ def build_serving_bundle(
         return replace(produced, extra={**produced.extra, "lineage": lineage})
 
     return store.build(spec, produce, run, logger)
-
-
-def build_report_and_bundle(
-    store: ArtifactStore, config: AiengConfig, run: RunInfo = RunInfo(), logger: Any = log
-) -> tuple[Artifact, Artifact]:
-    """`aieng bundle build`: the current model's benchmark report (reused when its recipe is
-    unchanged, else measured), then the bundle carrying it."""
-    from aieng_core.benchmark.benchmark_report import build_benchmark_report
-
-    refuse_partial(store.require_current(MODEL_KIND), config.serving)  # refused before it is measured
-    report = build_benchmark_report(store, config, run, logger)
-    return report, build_serving_bundle(store, config, run, logger)
 
 
 def current_report(store: ArtifactStore) -> Artifact:

@@ -15,15 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aieng_core.bundle.golden import GOLDEN_DEVICE, replay_goldens, torch_threads
+from aieng_core.bundle.golden import GOLDEN_DEVICE, replay_goldens
 from aieng_core.bundle.serving_bundle import (
     BUNDLE_FILES,
     ENGINE_LIMIT_FIELDS,
     GOLDEN_FILE,
     KIND,
+    REQUEST_DEFAULT_FIELDS,
     SERVING_FILE,
     bundle_content_sha256,
-    golden_limits,
+    engine_for,
 )
 from aieng_core.store import Artifact, ArtifactIntegrityError, ArtifactStore
 from aieng_core.store.artifacts import MANIFEST
@@ -50,17 +51,9 @@ class LoadedBundle:
     tokenizer: Tokenizer
     eos_token_id: int
 
-    def engine_limits(self) -> dict[str, int]:
-        return {name: int(self.serving[name]) for name in ENGINE_LIMIT_FIELDS}
-
-    def make_engine(self, max_waiting: int | None = None) -> Engine:
-        """The bundle's engine; `max_waiting` (the server's queue length) replaces the bundle's."""
-        from aieng_core.serving.engine import Engine, EngineLimits
-
-        limits = self.engine_limits()
-        if max_waiting is not None:
-            limits["max_waiting"] = max_waiting
-        return Engine(self.model, self.tokenizer, EngineLimits(**limits), self.eos_token_id)
+    def make_engine(self, max_waiting: int) -> Engine:
+        """The bundle's engine with a queue of `max_waiting` (the server's serving.max_waiting)."""
+        return engine_for(self.model, self.tokenizer, self.serving, max_waiting)
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -114,16 +107,15 @@ def _load_model(artifact: Artifact, device: str) -> LlamaForCausalLM:
 def _replay(artifact: Artifact, golden_doc: dict[str, Any], serving: dict[str, Any], model: Any) -> list[dict]:
     """Replay the goldens on CPU with the recorded thread count; `model` is reused when it is
     already a CPU model of this bundle, else a CPU copy is loaded for the replay."""
-    from aieng_core.serving.engine import Engine, EngineLimits
+    from aieng_core.serving.device import torch_threads
     from aieng_core.serving.request import RequestError
     from aieng_core.tokenizer.bpe import load_tokenizer
 
     outputs = golden_doc["outputs"]
     # The limits the goldens were recorded with (golden.json repeats them for readers).
-    limits = golden_limits(serving, len(outputs))
     with torch_threads(int(golden_doc["threads"])):
         cpu_model = model if model is not None else _load_model(artifact, GOLDEN_DEVICE)
-        engine = Engine(cpu_model, load_tokenizer(artifact.path), EngineLimits(**limits), int(serving["eos_token_id"]))
+        engine = engine_for(cpu_model, load_tokenizer(artifact.path), serving, max_waiting=len(outputs))
         try:
             return replay_goldens(engine, outputs)
         except RequestError as exc:  # a golden the engine refuses cannot have been recorded by it
@@ -151,9 +143,17 @@ GOLDEN_ENTRY = {"prompt": str, "prompt_ids": list, "max_new_tokens": int, "token
 
 def _serving_json(path: Path) -> dict[str, Any]:
     serving = _read_json(path / SERVING_FILE)
-    required = (*ENGINE_LIMIT_FIELDS, "eos_token_id")
-    if not isinstance(serving, dict) or any(type(serving.get(name)) is not int for name in required):
-        raise BundleVerificationError(f"{path / SERVING_FILE}: needs integer {', '.join(required)}")
+    integers = (*ENGINE_LIMIT_FIELDS, "eos_token_id", "default_max_new_tokens", "default_top_k")
+    numbers = ("default_temperature", "default_top_p")
+    if (
+        not isinstance(serving, dict)
+        or any(type(serving.get(name)) is not int for name in integers)
+        or any(type(serving.get(name)) not in (int, float) for name in numbers)
+    ):
+        raise BundleVerificationError(
+            f"{path / SERVING_FILE}: needs integer {', '.join(integers)} and numbers {', '.join(numbers)} "
+            f"(the engine limits and request defaults: {', '.join((*ENGINE_LIMIT_FIELDS, *REQUEST_DEFAULT_FIELDS))})"
+        )
     return serving
 
 

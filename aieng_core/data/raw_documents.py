@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import re
 import stat
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -27,6 +26,7 @@ from aieng_core.faults import crash_point
 from aieng_core.hashing import CHUNK_BYTES, sha256_json, sha256_stream
 from aieng_core.home import raw_partition_dir
 from aieng_core.store import Artifact, ArtifactIntegrityError, ArtifactSpec, ArtifactStore, Produced, RunInfo
+from aieng_core.store.source_paths import ESCAPED_BYTE, readable
 
 KIND = asset_keys.RAW_DOCUMENTS
 CODE_VERSION = "raw_documents-v2"  # v2: non-UTF-8 names snapshotted, sources carry their stored name
@@ -34,21 +34,9 @@ FILES_DIR = "files"
 
 log = logging.getLogger("aieng.data")
 
-# Python hands back each byte of a name that is not valid UTF-8 as a lone surrogate
-# U+DC80..U+DCFF (the "surrogateescape" error handler).
-_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
-
 
 class MissingPartitionData(FileNotFoundError):
     """The landing folder of a partition is missing or holds no data files."""
-
-
-def readable(name: str | os.PathLike) -> str:
-    """A file name or path as valid UTF-8 text that still says exactly which bytes it was:
-    a backslash is written as two backslashes and each byte that is not valid UTF-8 as
-    \\xNN. Names that are valid UTF-8 and hold no backslash come out unchanged."""
-    text = os.fsencode(name).decode("utf-8", "surrogateescape")
-    return _ESCAPED_BYTE.sub(lambda m: f"\\x{ord(m.group()) - 0xDC00:02x}", text.replace("\\", "\\\\"))
 
 
 def snapshot_names(files: list[Path]) -> list[str]:
@@ -59,13 +47,13 @@ def snapshot_names(files: list[Path]) -> list[str]:
     that very name or by another escaped one, "~2", "~3", ... goes before the data suffix.
     """
     names = [os.fsencode(p.name).decode("utf-8", "surrogateescape") for p in files]
-    taken = {name for name in names if not _ESCAPED_BYTE.search(name)}
+    taken = {name for name in names if not ESCAPED_BYTE.search(name)}
     chosen = []
     for name in names:
-        if not _ESCAPED_BYTE.search(name):
+        if not ESCAPED_BYTE.search(name):
             chosen.append(name)
             continue
-        escaped = _ESCAPED_BYTE.sub(lambda m: f"%{ord(m.group()) - 0xDC00:02X}", name)
+        escaped = ESCAPED_BYTE.sub(lambda m: f"%{ord(m.group()) - 0xDC00:02X}", name)
         suffix = max((s for s in DATA_SUFFIXES if escaped.endswith(s)), key=len, default="")
         stem, candidate, n = escaped[: len(escaped) - len(suffix)], escaped, 1
         while candidate in taken:

@@ -6,10 +6,12 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from aieng_core.data.clean_documents import KIND as CLEAN_KIND
+from aieng_core import asset_keys
 from aieng_core.data.tables import QUARANTINE_FILE, iter_batches
 from aieng_core.home import parse_partition
 from aieng_core.store import Artifact, ArtifactStore
+
+CLEAN_KIND = asset_keys.CLEAN_DOCUMENTS
 
 
 def partition_report(store: ArtifactStore, partition: str) -> dict[str, Any]:

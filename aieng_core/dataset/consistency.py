@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from aieng_core.data.clean_documents import KIND as CLEAN_KIND
+from aieng_core import asset_keys
 from aieng_core.store import Artifact, ArtifactStore
-from aieng_core.tokenizer.bpe_tokenizer import KIND as TOKENIZER_KIND
-from aieng_core.tokenizer.tokenized_documents import KIND as TOKENIZED_KIND
+
+CLEAN_KIND = asset_keys.CLEAN_DOCUMENTS
+TOKENIZER_KIND = asset_keys.BPE_TOKENIZER
+TOKENIZED_KIND = asset_keys.TOKENIZED_DOCUMENTS
 
 
 def clean_source_ids(tokenized: Artifact) -> list[str]:
     """The clean_documents artifact(s) a tokenized partition was made from."""
-    return [item["id"] for item in tokenized.manifest["inputs"] if item["kind"] == CLEAN_KIND]
+    return tokenized.input_ids(CLEAN_KIND)
 
 
 def staleness(store: ArtifactStore, partition: str, tokenized: Artifact, tokenizer_id: str | None) -> list[str]:

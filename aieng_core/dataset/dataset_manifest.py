@@ -33,8 +33,9 @@ from aieng_core.dataset.split import METHOD, TRAIN, VALIDATION, split_of
 from aieng_core.faults import crash_point
 from aieng_core.hashing import sha256_file, sha256_json
 from aieng_core.store import Artifact, ArtifactNotFound, ArtifactSpec, ArtifactStore, Produced, RunInfo
-from aieng_core.tokenizer.bpe_tokenizer import KIND as TOKENIZER_KIND
-from aieng_core.tokenizer.tokenized_documents import KIND as TOKENIZED_KIND
+
+TOKENIZER_KIND = asset_keys.BPE_TOKENIZER
+TOKENIZED_KIND = asset_keys.TOKENIZED_DOCUMENTS
 
 KIND = asset_keys.DATASET_MANIFEST
 # v2: writes the train/validation token streams (train.bin, validation.bin) for training to memory-map.

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aieng_core.bundle.serving_bundle import KIND as BUNDLE_KIND
+from aieng_core.asset_keys import SERVING_BUNDLE as BUNDLE_KIND
 from aieng_core.config import AiengConfig
 from aieng_core.deploy.deployments import Deployments
 from aieng_core.gate.report import GateFailed

@@ -1,16 +1,18 @@
 """production_deployment: the promotion gate. A serving bundle reaches production only through it.
 
-run_gate runs five steps in order, records each one's figures, and stops at the first
+run_gate runs six steps in order, records each one's figures, and stops at the first
 failure (GateFailed names the step, the figure, the value and the limit):
 
 1. verify  (verify_step.py): integrity and golden outputs, inside the gate;
 2. warmup  (warmup.py): load on the serving device, cold vs warm first request, peak memory
    against the budget rule, CUDA graph capture said honestly;
-3. stress  (stress.py): a real `aieng serve` under closed-loop and Poisson load, SLOs,
+3. compare (compare.py): the candidate's and the deployed bundle's tokens/s, measured now,
+   side by side (recorded, refuses nothing);
+4. stress  (stress.py): a real `aieng serve` under closed-loop and Poisson load, SLOs,
    goodput, and no regression against the deployed bundle's gate figures;
-4. drill   (drill.py): promote, roll back and promote again on the drill pointer under
+5. drill   (drill.py): promote, roll back and promote again on the drill pointer under
    traffic, goldens checked after each switch, time to rollback measured;
-5. promote: Deployments(home).promote (the atomic switch and its append-only history line),
+6. promote: Deployments(home).promote (the atomic switch and its append-only history line),
    with every step's figures and the Dagster run id in the event.
 
 A failed gate leaves production as it was (still serving). Every run's report, passed or
@@ -27,19 +29,20 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from aieng_core import asset_keys
-from aieng_core.bundle.serving_bundle import KIND as BUNDLE_KIND
 from aieng_core.config import AiengConfig
 from aieng_core.deploy.deployments import DeploymentError, Deployments, default_actor
+from aieng_core.gate.compare import compare_step
 from aieng_core.gate.drill import drill_step
-from aieng_core.gate.regression import load_sha256
+from aieng_core.gate.regression import baseline_event, load_sha256
 from aieng_core.gate.report import (
     GateFailed,
     GateReport,
-    StepResult,
+    GateStep,
     now_iso,
     plain,
     report_name,
     reports_dir,
+    step_headline,
     write_report,
 )
 from aieng_core.gate.server_env import write_config
@@ -47,38 +50,30 @@ from aieng_core.gate.stress import stress_step
 from aieng_core.gate.verify_step import verify_step
 from aieng_core.gate.warmup import warmup_step
 from aieng_core.store.file_lock import exclusive_lock
+from aieng_core.store.pointers import deployments_dir
 
 KIND = asset_keys.PRODUCTION_DEPLOYMENT
-CODE_VERSION = "production_deployment-v1"
+BUNDLE_KIND = asset_keys.SERVING_BUNDLE
+# v2: a compare step (candidate beside the deployed bundle, measured now); the bundle: config section.
+CODE_VERSION = "production_deployment-v2"
 PROMOTE_REASON = "gate passed"
 GATE_LOCK = ".gate.lock"  # under $AIENG_HOME/deployments/: held for a whole gate
 
 log = logging.getLogger("aieng.gate")
 
 
-def _headline(name: str, figures: dict[str, Any]) -> str:
-    """One line of what a step found, for the run's log."""
-    if name == "verify":
-        return f"{figures['files_checked']} files, {figures['goldens_matching']}/{figures['goldens_replayed']} goldens"
-    if name == "warmup":
-        return (
-            f"{figures['device']}: first request {figures['cold_first_request_ms']:.1f} ms cold, "
-            f"{figures['warm_first_request_ms']:.1f} ms warm; peak memory {figures['peak_memory_bytes'] / 2**20:.0f} "
-            f"MiB of a {figures['memory_budget_bytes'] / 2**30:.2f} GiB budget"
-        )
-    if name == "stress":
-        levels = ", ".join(
-            f"{level}: P99 TTFT {values['ttft_ms']['p99']:.1f} ms, {values['output_throughput']:.0f} tok/s"
-            for level, values in figures["levels"].items()
-        )
-        return f"{levels}; {figures['regression']['note']}"
-    if name == "drill":
-        traffic = figures["traffic"]
-        return (
-            f"pickup {figures['pickup_seconds']:.2f} s, time to rollback {figures['time_to_rollback_seconds']:.2f} s, "
-            f"{traffic['ok']} requests ok, {traffic['failed_requests']} failed"
-        )
-    return ""
+def already_serving(production: Deployments, bundle_id: str) -> dict[str, Any] | None:
+    """`{sequence, since, event}` when production serves `bundle_id` now (there is nothing to
+    gate: the asset and the gate both stop there), else None. `event` is the history line
+    that promoted it, or None if none did (a rollback made it current again)."""
+    current = production.current()
+    if current["bundle_id"] != bundle_id:
+        return None
+    return {"sequence": current["sequence"], "since": current["updated_at"], "event": baseline_event(production)}
+
+
+def not_gated_again(bundle_id: str, serving: dict[str, Any]) -> str:
+    return f"production already serves {BUNDLE_KIND} {bundle_id} (sequence {serving['sequence']}): nothing to gate"
 
 
 def run_gate(
@@ -102,7 +97,7 @@ def run_gate(
     def waiting() -> None:
         logger.info(f"gate {bundle_id}: another gate is running on {home}; waiting for it to finish")
 
-    with exclusive_lock(home / "deployments" / GATE_LOCK, on_wait=waiting):
+    with exclusive_lock(deployments_dir(home) / GATE_LOCK, on_wait=waiting):
         return _run_gate(home, config, bundle_id, run_id, actor, logger)
 
 
@@ -111,12 +106,11 @@ def _run_gate(
 ) -> GateReport:
     production = Deployments(home)
     artifact = production.store.get(BUNDLE_KIND, bundle_id)
+    serving = already_serving(production, bundle_id)
+    if serving is not None:
+        raise DeploymentError(not_gated_again(bundle_id, serving))
     current = production.current()
-    if current["bundle_id"] == bundle_id:
-        raise DeploymentError(
-            f"{BUNDLE_KIND} {bundle_id} is already what production serves (sequence {current['sequence']}); "
-            "nothing to gate"
-        )
+    deployed_path = production.current_bundle_path()
     actor = actor or default_actor()
     report = GateReport(
         bundle_id=bundle_id,
@@ -135,6 +129,7 @@ def _run_gate(
     steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
         ("verify", lambda: verify_step(artifact.path, bundle_id)),
         ("warmup", lambda: warmup_step(artifact.path, config)),
+        ("compare", lambda: compare_step(artifact.path, deployed_path, config)),
         ("stress", lambda: stress_step(home, artifact.path, config, config_path, work_dir, production)),
         ("drill", lambda: drill_step(home, bundle_id, config, config_path, work_dir, actor, run_id)),
     ]
@@ -147,12 +142,9 @@ def _run_gate(
         except Exception as exc:
             failure = GateFailed(name, "error", f"{type(exc).__name__}: {exc}")
             _fail(home, report, failure, started, logger, cause=exc)
-        report.steps.append(StepResult(name, True, time.perf_counter() - started, plain(figures)))
+        report.steps.append(GateStep(name, True, time.perf_counter() - started, plain(figures)))
         write_report(home, report)
-        try:
-            headline = _headline(name, figures)
-        except (KeyError, TypeError, ValueError):  # a log line never fails a gate
-            headline = "see the report"
+        headline = step_headline(name, report.steps[-1].figures)
         logger.info(f"gate {bundle_id}: {name} passed in {report.steps[-1].seconds:.1f} s: {headline}")
 
     started = time.perf_counter()
@@ -177,7 +169,7 @@ def _run_gate(
         "gate": {
             "code_version": CODE_VERSION,
             "report": report.path,
-            "config_sha256": config.section_sha256("serving", "gate"),
+            "config_sha256": config.section_sha256("serving", "gate", "benchmark"),
             "load_sha256": load_sha256(config),  # what regression.compare checks comparability by
             "step_seconds": {step.name: step.seconds for step in report.steps},
         },
@@ -197,7 +189,7 @@ def _run_gate(
     except DeploymentError as exc:
         _fail(home, report, GateFailed("promote", "promote", str(exc)), started, logger)
     report.steps.append(
-        StepResult(
+        GateStep(
             "promote",
             True,
             time.perf_counter() - started,
@@ -223,7 +215,7 @@ def _fail(
     cause: BaseException | None = None,
 ) -> NoReturn:
     """Record the failed step, write the report, raise `failure` (never returns)."""
-    report.steps.append(StepResult(failure.step, False, time.perf_counter() - started, plain(failure.figures)))
+    report.steps.append(GateStep(failure.step, False, time.perf_counter() - started, plain(failure.figures)))
     report.failure = failure.as_dict()
     report.finished_at = now_iso()
     write_report(home, report)

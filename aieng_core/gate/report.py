@@ -16,11 +16,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aieng_core.deploy.deployments import DEPLOYMENTS_DIR
 from aieng_core.store.atomic import atomic_write_bytes
+from aieng_core.store.pointers import GATE_REPORTS_DIR, deployments_dir
 
-REPORTS_DIR = "gate-reports"
-STEPS = ("verify", "warmup", "stress", "drill", "promote")
+STEPS = ("verify", "warmup", "compare", "stress", "drill", "promote")
 
 
 class GateFailed(Exception):
@@ -81,7 +80,9 @@ def plain(value: Any) -> Any:
 
 
 @dataclass
-class StepResult:
+class GateStep:
+    """One step of a gate run, as the report records it."""
+
     name: str
     passed: bool
     seconds: float
@@ -96,7 +97,7 @@ class GateReport:
     actor: str
     started_at: str
     production_before: dict[str, Any]  # {bundle_id, sequence} when the gate started
-    steps: list[StepResult] = field(default_factory=list)
+    steps: list[GateStep] = field(default_factory=list)
     passed: bool = False
     failure: dict[str, Any] | None = None  # GateFailed.as_dict() of the step that stopped the gate
     event: dict[str, Any] | None = None  # the production history event of the promotion
@@ -107,7 +108,7 @@ class GateReport:
         """Each finished step's figures by step name (what the promotion event records)."""
         return {step.name: step.figures for step in self.steps}
 
-    def step(self, name: str) -> StepResult:
+    def step(self, name: str) -> GateStep:
         for step in self.steps:
             if step.name == name:
                 return step
@@ -122,7 +123,7 @@ def now_iso() -> str:
 
 
 def reports_dir(home: Path) -> Path:
-    return Path(home) / DEPLOYMENTS_DIR / REPORTS_DIR
+    return deployments_dir(home) / GATE_REPORTS_DIR
 
 
 def report_name(bundle_id: str, started_at: str, run_id: str | None) -> str:
@@ -143,3 +144,40 @@ def write_report(home: Path, report: GateReport) -> Path:
 
 def read_report(path: Path) -> dict[str, Any]:
     return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def _headline(name: str, figures: dict[str, Any]) -> str:
+    if name == "verify":
+        return f"{figures['files_checked']} files, {figures['goldens_matching']}/{figures['goldens_replayed']} goldens"
+    if name == "warmup":
+        return (
+            f"{figures['device']}: first request {figures['cold_first_request_ms']:.1f} ms cold, "
+            f"{figures['warm_first_request_ms']:.1f} ms warm; peak memory {figures['peak_memory_bytes'] / 2**20:.0f} "
+            f"MiB of a {figures['memory_budget_bytes'] / 2**30:.2f} GiB budget; CUDA graphs {figures['cuda_graphs']}"
+        )
+    if name == "compare":
+        return str(figures["note"])
+    if name == "stress":
+        levels = ", ".join(
+            f"{level}: P99 TTFT {values['ttft_ms']['p99']:.1f} ms, {values['output_throughput']:.0f} tok/s"
+            for level, values in figures["levels"].items()
+        )
+        return f"{levels}; {figures['regression']['note']}"
+    if name == "drill":
+        traffic = figures["traffic"]
+        return (
+            f"pickup {figures['pickup_seconds']:.2f} s, time to rollback {figures['time_to_rollback_seconds']:.2f} s, "
+            f"{traffic['ok']} requests ok, {traffic['failed_requests']} failed"
+        )
+    if name == "promote":
+        return f"sequence {figures['sequence']}: {figures['from'] or '(none)'} -> {figures['to']}"
+    return ""
+
+
+def step_headline(name: str, figures: dict[str, Any]) -> str:
+    """One line of what a passed step found: the run's log line and the UI's steps table say
+    the same. A figure missing (a failed step stops early) gives "see the report", never an error."""
+    try:
+        return _headline(name, figures)
+    except (KeyError, TypeError, ValueError):
+        return "see the report"

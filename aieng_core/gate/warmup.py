@@ -104,8 +104,8 @@ def _load_and_warm(
 def warmup_step(bundle_path: Path, config: AiengConfig) -> dict[str, Any]:
     import torch
 
-    from aieng_core.bundle.golden import torch_threads
     from aieng_core.model.memory import memory_budget
+    from aieng_core.serving.device import torch_threads
 
     device = resolve_device(config.serving.device)
     on_cuda = device.startswith("cuda")

@@ -6,18 +6,15 @@ next step, a finished one leaves at once and frees its slot), the runner runs th
 samples one token per sequence, and the engine turns tokens into text and decides who is
 finished. `Engine.generate` runs a list of prompts to completion (goldens, tests, benchmarks).
 
-`EngineLoop` runs an Engine in a background thread for the HTTP server: submit() validates in
-the caller's thread (so a bad request fails at once, with the field named) and hands the
-request over through an inbox; outputs go back through each request's sink.
+engine_loop.py runs an Engine in a background thread for the HTTP server.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,11 +30,10 @@ from aieng_core.serving.request import (
     FinishReason,
     Request,
     RequestError,
-    RequestStatus,
     SamplingParams,
 )
 from aieng_core.serving.sampling import make_generator
-from aieng_core.serving.scheduler import QueueFull, Scheduler
+from aieng_core.serving.scheduler import Scheduler
 
 log = logging.getLogger("aieng.serving.engine")
 
@@ -294,132 +290,7 @@ class Engine:
     def filler_token(self) -> int:
         return next(t for t in self.encode(" the") if t != self.eos_token_id)
 
-
-class EngineLoop:
-    """Runs an Engine's steps in a background thread; the HTTP server's side of the engine."""
-
-    def __init__(self, engine: Engine, on_step: Callable[[StepStats, EngineStats], None] | None = None) -> None:
-        self.engine = engine
-        self.on_step = on_step
-        self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
-        self._inbox: collections.deque[tuple[Request, Callable[[RequestOutput], None]]] = collections.deque()
-        self._sinks: dict[int, tuple[Request, Callable[[RequestOutput], None]]] = {}  # by id(request)
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="aieng-engine", daemon=True)
-
-    def start(self) -> EngineLoop:
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop stepping. Requests still in flight are finished as cancelled, so no caller waits forever."""
-        with self._lock:
-            self._stopping = True
-            self._wake.notify()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    @property
-    def running(self) -> bool:
-        """Stepping, or ready to: False once stopped, or if the loop failed."""
-        return self._thread.is_alive() and not self._stopping
-
-    def submit(
-        self,
-        request_id: str,
-        prompt: str | Sequence[int],
-        params: SamplingParams,
-        sink: Callable[[RequestOutput], None],
-    ) -> Request:
-        request = self.engine.prepare(request_id, prompt, params)  # RequestError here, in the caller's thread
-        with self._lock:
-            if self._stopping:
-                raise RuntimeError("the engine is stopping")
-            if len(self._inbox) + self.engine.scheduler.num_waiting >= self.engine.limits.max_waiting:
-                raise QueueFull(f"{self.engine.limits.max_waiting} requests are already waiting")
-            self._inbox.append((request, sink))
-            self._wake.notify()
-        return request
-
-    def stats(self) -> EngineStats:
-        stats = self.engine.stats()
-        with self._lock:
-            waiting = len(self._inbox)
-        return EngineStats(
-            stats.num_running, stats.num_waiting + waiting, stats.free_slots, stats.max_batch, stats.kv_cache_bytes
-        )
-
-    def _run(self) -> None:
-        try:
-            self._step_until_stopped()
-        except Exception:
-            # Nothing may leave a caller waiting: a loop that dies fails every request it holds,
-            # refuses new ones (submit sees _stopping), and `running` turns False for readiness.
-            log.exception("the engine loop failed; failing every request in flight")
-            with self._lock:
-                self._stopping = True
-            self._fail_all()
-            return
-        self._cancel_all()
-
-    def _step_until_stopped(self) -> None:
-        engine = self.engine
-        while True:
-            with self._lock:
-                while not self._stopping and not self._inbox and not engine.has_work:
-                    self._wake.wait()
-                if self._stopping:
-                    return
-                while self._inbox:
-                    request, sink = self._inbox.popleft()
-                    self._sinks[id(request)] = (request, sink)
-                    engine.enqueue(request)
-            for request, output in engine.step():
-                self._deliver(request, output)
-            if self.on_step is not None and engine.last_step is not None:
-                try:
-                    self.on_step(engine.last_step, engine.stats())
-                except Exception:
-                    log.exception("on_step callback failed")
-
-    def _fail_all(self) -> None:
-        with self._lock:
-            held = [*self._inbox, *self._sinks.values()]
-            self._inbox.clear()
-            self._sinks.clear()
-        for request, sink in held:
-            request.cancel()
-            if not request.finished:
-                request.status, request.finish_reason = RequestStatus.FINISHED, "error"
-            try:
-                sink(self.engine._output(request, "", ()))
-            except Exception:
-                log.exception("delivering the failure of request %s failed", request.request_id)
-
-    def _deliver(self, request: Request, output: RequestOutput) -> None:
-        with self._lock:
-            held = self._sinks.pop(id(request), None) if output.finished else self._sinks.get(id(request))
-        if held is None:
-            return
-        sink = held[1]
-        try:
-            sink(output)
-        except Exception:
-            log.exception("delivering output of request %s failed", request.request_id)
-
-    def _cancel_all(self) -> None:
-        with self._lock:
-            inbox = list(self._inbox)
-            self._inbox.clear()
-        for request, sink in inbox:
-            # Never queued: finished here, so its caller hears about it like everyone else.
-            request.cancel()
-            request.status, request.finish_reason = RequestStatus.FINISHED, "cancelled"
-            self._sinks[id(request)] = (request, sink)
-            self._deliver(request, self.engine._output(request, "", ()))
-        for running in [*self.engine.scheduler.running, *self.engine.scheduler.waiting]:
-            running.cancel()
-        while self.engine.has_work:
-            for request, output in self.engine.step():
-                self._deliver(request, output)
+    def output_of(self, request: Request) -> RequestOutput:
+        """The request's output as it stands, with nothing new: what its caller is told when the
+        request ends outside a step (cancelled before it was queued, failed with its loop)."""
+        return self._output(request, "", ())

@@ -19,7 +19,7 @@ import torch
 
 from aieng_core.model.llama import LlamaForCausalLM
 from aieng_core.serving.kv_cache import KVCachePool
-from aieng_core.serving.request import Request, StepPlan, StepResult
+from aieng_core.serving.request import Request, SampledTokens, StepPlan
 from aieng_core.serving.sampling import sample
 
 
@@ -32,14 +32,14 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.pad_id = model.config.pad_token_id
 
-    def run(self, plan: StepPlan) -> StepResult:
+    def run(self, plan: StepPlan) -> SampledTokens:
         started = time.perf_counter()
         tokens: list[int] = []
         if plan.prefill:
             tokens += sample(self.prefill_logits(plan.prefill), plan.prefill)
         if plan.decode:
             tokens += sample(self.decode_logits(plan.decode), plan.decode)
-        return StepResult(
+        return SampledTokens(
             tokens=tuple(tokens),
             prefill_tokens=sum(r.num_tokens for r in plan.prefill),
             decode_tokens=len(plan.decode),

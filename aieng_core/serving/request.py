@@ -146,7 +146,7 @@ FAILED_TOKEN = -1
 
 
 @dataclass(frozen=True)
-class StepResult:
+class SampledTokens:
     """What the model runner sampled: one new token id per planned request, in the plan's
     order (prefill, then decode). Request ids need not be unique (a /predict call sends
     several sequences under one id), so nothing is keyed by them."""

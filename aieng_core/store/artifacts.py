@@ -183,6 +183,14 @@ class Artifact:
     def file(self, relative: str) -> Path:
         return self.path / relative
 
+    def input_ids(self, kind: str) -> list[str]:
+        return input_ids(self.manifest, kind)
+
+
+def input_ids(manifest: dict[str, Any], kind: str) -> list[str]:
+    """The ids of a manifest's inputs of `kind`, in manifest order."""
+    return [item["id"] for item in manifest.get("inputs", []) if item.get("kind") == kind]
+
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")

@@ -7,8 +7,8 @@ files' hashes. `aieng lineage` and the serving bundle's lineage summary both sta
 Going down, one pass over every manifest in the store builds the reverse edges
 (`index_store`), so the answer costs one read per artifact however large the store.
 
-Deployment state is read here directly from its documented files (never by importing the
-deploy package): `current` means the bundle the production pointer names.
+Deployment state is read through store/pointers.py, the one reader of a pointer's files:
+`current` means the bundle the production pointer names.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from aieng_core.store.artifacts import (
     ArtifactStore,
     is_valid_name,
 )
+from aieng_core.store.pointers import PRODUCTION, Pointer
+from aieng_core.store.source_paths import readable
 
 
 def upstream(store: ArtifactStore, artifact: Artifact) -> list[Artifact]:
@@ -111,42 +113,22 @@ def lineage_graph(store: ArtifactStore, artifact: Artifact) -> dict[str, Any]:
     return {"root": artifact.id, "nodes": nodes}
 
 
-# ---- deployment state (written and read by aieng_core.deploy) --------------------------------
-# Only the production pointer serves; the gate's rollback drill has a pointer of its own.
-
-PRODUCTION = "production"
+# ---- deployment state (store/pointers.py: only the production pointer serves) ------------------
 
 
 class NothingDeployed(ArtifactNotFound):
     """`current` was asked for, and the pointer names no bundle."""
 
 
-def _deployments(home: Path, pointer: str) -> Any:
-    # Imported here: aieng_core.deploy checks bundles, and the bundle builder uses this module.
-    from aieng_core.deploy.deployments import Deployments
-
-    return Deployments(home, pointer)
-
-
-def _applied_history(deployments: Any, current: dict[str, Any]) -> list[dict[str, Any]]:
-    """The pointer's history without lines whose change never reached its current.json (a
-    crash between the two writes): a bundle that never served is never reported as deployed."""
-    from aieng_core.deploy.deployments import unapplied_sequences
-
-    events = deployments.history()
-    unapplied = set(unapplied_sequences(events, current))
-    return [event for event in events if event["sequence"] not in unapplied]
-
-
 def deployed_bundle(store: ArtifactStore, pointer: str = PRODUCTION) -> tuple[Artifact, dict[str, Any]]:
     """The serving bundle `pointer` points at, and its deployment state with `events`: the
     pointer's history events that made it current (`to` is the bundle)."""
-    deployments = _deployments(store.home, pointer)
-    state = deployments.current()
+    files = Pointer(store.home, pointer)
+    state, history = files.applied()
     if state["bundle_id"] is None:
         raise NothingDeployed(
             f"nothing is deployed to {pointer} "
-            f"({deployments.current_path} {'names no bundle' if state['sequence'] else 'does not exist'}); "
+            f"({files.current_path} {'names no bundle' if state['sequence'] else 'does not exist'}); "
             "deploy one with `aieng deploy promote BUNDLE_ID`, or ask for a given artifact with "
             "`aieng lineage ARTIFACT_ID`"
         )
@@ -155,13 +137,13 @@ def deployed_bundle(store: ArtifactStore, pointer: str = PRODUCTION) -> tuple[Ar
         bundle = store.get(asset_keys.SERVING_BUNDLE, bundle_id)
     except ArtifactNotFound as exc:
         raise ArtifactNotFound(f"the {pointer} deployment points at serving_bundle {bundle_id!r}: {exc}") from None
-    events = [e for e in _applied_history(deployments, state) if e["to"] == bundle_id]
+    events = [e for e in history if e["to"] == bundle_id]
     return bundle, {**state, "events": events}
 
 
 # ---- everything downstream of a partition or a landed file ------------------------------------
 
-# The graph's order (DESIGN §2), for listing; kinds not named here come after, by name.
+# The graph's order (docs/index.md, "The asset graph"), for listing; kinds not named here come after, by name.
 GRAPH_ORDER = (
     asset_keys.RAW_DOCUMENTS,
     asset_keys.CLEAN_DOCUMENTS,
@@ -169,7 +151,7 @@ GRAPH_ORDER = (
     asset_keys.TOKENIZED_DOCUMENTS,
     asset_keys.DATASET_MANIFEST,
     asset_keys.MODEL_CHECKPOINT,
-    "benchmark_report",
+    asset_keys.BENCHMARK_REPORT,
     asset_keys.SERVING_BUNDLE,
 )
 PARTITION_LIKE = re.compile(r"\d{1,4}-\d{1,2}-\d{1,2}")
@@ -273,9 +255,8 @@ def _affected(store: ArtifactStore, index: StoreIndex, seeds: set[Key]) -> dict[
             }
         )
     bundles = {artifact_id for kind, artifact_id in keys if kind == asset_keys.SERVING_BUNDLE}
-    production = _deployments(store.home, PRODUCTION)
-    serving = production.current()["bundle_id"]
-    history = _applied_history(production, production.current())
+    current, history = Pointer(store.home, PRODUCTION).applied()
+    serving = current["bundle_id"]
     deployments: list[dict[str, Any]] = []
     for bundle_id in bundles:
         events = [e for e in history if bundle_id in (e.get("to"), e.get("from"))]
@@ -304,8 +285,6 @@ def affected_by_file(store: ArtifactStore, path: str | os.PathLike[str]) -> dict
     from them. A source matches by its recorded path (compared resolved: links and `..`
     followed) and, while the file still exists, by its SHA-256 (the same bytes landed anywhere
     else); `affected_by.matches` says which sources matched and how."""
-    from aieng_core.data.raw_documents import readable  # how raw_documents writes source paths
-
     given = Path(path).expanduser()
     if given.is_dir():
         raise ValueError(f"{given} is a directory: give one landed file, or a partition as YYYY-MM-DD")

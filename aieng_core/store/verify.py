@@ -4,7 +4,8 @@
   (ArtifactStore.verify); a directory without a readable manifest, or whose manifest names
   another kind or id, is damaged too.
 - Every ref (refs/<kind>/<partition>.json) and every deployment pointer
-  (deployments/<pointer>/current.json) must name an artifact that exists and is intact.
+  (deployments/<pointer>/: its current.json and history.jsonl, read by store/pointers.py as
+  every other reader reads them) must be valid and name an artifact that exists and is intact.
 - Staging left beside targets (`.<name>.tmp-XXXXXXXX` directories and files: artifacts,
   refs, training checkpoints, deployment pointers, gate reports) is listed with whether a
   live writer still owns it; `gc=True` removes those none does (store/atomic.py says how
@@ -33,12 +34,11 @@ from aieng_core.store.artifacts import (
     is_valid_name,
 )
 from aieng_core.store.atomic import is_temporary, owner_alive, remove_if_abandoned
+from aieng_core.store.pointers import DEPLOYMENTS_DIR, DeploymentStateError, Pointer, pointer_names
 
 # The directories of $AIENG_HOME that aieng writes with atomic writes (raw/ is the landing
 # folder, written by programs we do not own; a DAGSTER_HOME inside the home is Dagster's).
-STATE_DIRS = ("artifacts", "refs", "work", "deployments")
-DEPLOYMENTS_DIR = "deployments"
-POINTER_FILE = "current.json"
+STATE_DIRS = ("artifacts", "refs", "work", DEPLOYMENTS_DIR)
 SET_ASIDE_PREFIX = ".damaged-"
 BUNDLE_KIND = asset_keys.SERVING_BUNDLE
 
@@ -169,31 +169,25 @@ def _ref_problem(
 
 
 def _check_pointers(store: ArtifactStore, intact: set[tuple[str, str]]) -> list[dict[str, Any]]:
-    """Each deployment pointer must name an intact serving_bundle (or nothing)."""
+    """Each deployment pointer's files must be valid (read as every other reader reads them)
+    and name an intact serving_bundle, or nothing."""
     bad: list[dict[str, Any]] = []
-    directory = store.home / DEPLOYMENTS_DIR
-    if not directory.is_dir():
-        return bad
-    for pointer in sorted(directory.iterdir()):
-        current = pointer / POINTER_FILE
-        if not (_is_real_dir(pointer) and current.is_file()):
-            continue  # gate reports, locks, a pointer never switched
+    for name in pointer_names(store.home):
+        pointer = Pointer(store.home, name)
+        bundle_id = None
         try:
-            record = json.loads(current.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            bad.append({"ref": str(current), "kind": BUNDLE_KIND, "partition": None, "id": None, "problem": str(exc)})
-            continue
-        bundle_id = record.get("bundle_id") if isinstance(record, dict) else None
-        if bundle_id is None:
-            continue  # nothing deployed (a rollback to no bundle)
-        if not isinstance(bundle_id, str) or not is_valid_name(bundle_id):
-            problem = f"bundle_id {bundle_id!r} is not a valid artifact id"
-        elif (BUNDLE_KIND, bundle_id) not in intact:
-            exists = (store.root / BUNDLE_KIND / bundle_id).is_dir()
-            problem = f"{BUNDLE_KIND} {bundle_id} is {'damaged' if exists else 'not in the store'}"
+            bundle_id = pointer.current()["bundle_id"]
+            pointer.read_history(warn=False)
+        except DeploymentStateError as exc:
+            problem: str | None = str(exc)
         else:
-            continue
-        bad.append({"ref": str(current), "kind": BUNDLE_KIND, "partition": None, "id": bundle_id, "problem": problem})
+            problem = None
+            if bundle_id is not None and (BUNDLE_KIND, bundle_id) not in intact:
+                exists = (store.root / BUNDLE_KIND / bundle_id).is_dir()
+                problem = f"{BUNDLE_KIND} {bundle_id} is {'damaged' if exists else 'not in the store'}"
+        if problem is not None:
+            ref = str(pointer.current_path)
+            bad.append({"ref": ref, "kind": BUNDLE_KIND, "partition": None, "id": bundle_id, "problem": problem})
     return bad
 
 

@@ -16,7 +16,6 @@ from typing import Any
 
 from aieng_core import asset_keys
 from aieng_core.config import AiengConfig
-from aieng_core.data.clean_documents import KIND as CLEAN_KIND
 from aieng_core.data.tables import CLEAN_FILE, iter_batches
 from aieng_core.hashing import sha256_file, sha256_json
 from aieng_core.progress import Progress
@@ -29,6 +28,8 @@ from aieng_core.tokenizer.bpe import (
     save_tokenizer_dir,
     train_bpe,
 )
+
+CLEAN_KIND = asset_keys.CLEAN_DOCUMENTS
 
 KIND = asset_keys.BPE_TOKENIZER
 # v2: tokenizer_config.json sets split_special_tokens (special-token text in documents stays text).

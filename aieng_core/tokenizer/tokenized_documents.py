@@ -15,14 +15,15 @@ import pyarrow as pa
 
 from aieng_core import asset_keys
 from aieng_core.config import AiengConfig
-from aieng_core.data.clean_documents import KIND as CLEAN_KIND
 from aieng_core.data.tables import CLEAN_FILE, TOKENS_FILE, TOKENS_SCHEMA, iter_batches, parquet_writer
 from aieng_core.faults import crash_point
 from aieng_core.hashing import ColumnHasher
 from aieng_core.progress import Progress
 from aieng_core.store import Artifact, ArtifactSpec, ArtifactStore, Produced, RunInfo
 from aieng_core.tokenizer.bpe import load_tokenizer, special_ids, special_token_id
-from aieng_core.tokenizer.bpe_tokenizer import KIND as TOKENIZER_KIND
+
+CLEAN_KIND = asset_keys.CLEAN_DOCUMENTS
+TOKENIZER_KIND = asset_keys.BPE_TOKENIZER
 
 KIND = asset_keys.TOKENIZED_DOCUMENTS
 # v2: special-token text inside a document is encoded as text, never as the EOS or pad id.

@@ -26,14 +26,15 @@ from typing import TYPE_CHECKING, Any
 
 from aieng_core import asset_keys
 from aieng_core.config import AiengConfig
-from aieng_core.dataset.dataset_manifest import KIND as DATASET_KIND
 from aieng_core.faults import crash_point
 from aieng_core.hashing import sha256_file, sha256_json
 from aieng_core.model.memory import BYTES_PER_PARAMETER, memory_budget
 from aieng_core.store import Artifact, ArtifactSpec, ArtifactStore, Produced, RunInfo
 from aieng_core.store.file_lock import exclusive_lock
 from aieng_core.tokenizer.bpe import TOKENIZER_FILES, load_tokenizer, special_token_id
-from aieng_core.tokenizer.bpe_tokenizer import KIND as TOKENIZER_KIND
+
+DATASET_KIND = asset_keys.DATASET_MANIFEST
+TOKENIZER_KIND = asset_keys.BPE_TOKENIZER
 
 if TYPE_CHECKING:
     from aieng_core.model.llama import LlamaConfig

@@ -8,6 +8,7 @@ from aieng_core.data.reasons import ALL_REASONS
 from aieng_core.data.report import quarantine_samples
 from aieng_core.data.tables import CLEAN_FILE, head
 from aieng_core.store import Artifact
+from orchestration.check_support import run_partitions, verify_current
 from orchestration.metadata import materialize_partitions, run_info, table
 from orchestration.partitions import daily_partitions, single_run
 from orchestration.resources import AiengResource
@@ -73,3 +74,39 @@ def clean_documents(context: dg.AssetExecutionContext, aieng: AiengResource) -> 
     return materialize_partitions(
         context, lambda p: clean.build_clean_documents(store, config, p, run_info(context), context.log), describe
     )
+
+
+@dg.asset_check(asset=raw_documents, blocking=True, description="Every snapshot file still matches its SHA-256.")
+def raw_snapshot_intact(context: dg.AssetCheckExecutionContext, aieng: AiengResource) -> dg.AssetCheckResult:
+    store, kind = aieng.store(), raw_documents.key.to_user_string()
+    return verify_current(store, kind, run_partitions(context, store, kind))
+
+
+@dg.asset_check(
+    asset=clean_documents,
+    blocking=True,
+    description=(
+        "Nothing is dropped silently: the records each landed file holds (counted without the parsers: "
+        "lines, Parquet footers) == records read == rows in clean.parquet + quarantine.parquet."
+    ),
+)
+def rows_accounted_for(context: dg.AssetCheckExecutionContext, aieng: AiengResource) -> dg.AssetCheckResult:
+    store = aieng.store()
+    results = {
+        p: clean.row_accounting(store.require_current(clean.KIND, p))
+        for p in run_partitions(context, store, clean.KIND)
+    }
+    failed = sorted(p for p, result in results.items() if not result["passed"])
+    problems = [f"{p}: {problem}" for p in failed for problem in results[p]["problems"]]
+    return dg.AssetCheckResult(
+        passed=bool(results) and not failed,
+        description=("row counts do not add up: " + "; ".join(problems[:5])) if failed else None,
+        metadata={
+            "partitions_checked": len(results),
+            "failed_partitions": ", ".join(failed) or "none",
+            "counts": dg.MetadataValue.json(results),
+        },
+    )
+
+
+CHECKS = [raw_snapshot_intact, rows_accounted_for]

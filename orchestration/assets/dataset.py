@@ -4,6 +4,7 @@ import dagster as dg
 
 from aieng_core.dataset import dataset_manifest as manifest
 from orchestration.assets.tokenizer import bpe_tokenizer, tokenized_documents
+from orchestration.check_support import verify_current
 from orchestration.metadata import materialize_one, run_info, table
 from orchestration.partitions import single_run
 from orchestration.resources import AiengResource
@@ -41,3 +42,11 @@ def dataset_manifest(context: dg.AssetExecutionContext, aieng: AiengResource) ->
             ),
         },
     )
+
+
+@dg.asset_check(asset=dataset_manifest, blocking=True, description="The manifest artifact matches its file hashes.")
+def dataset_manifest_intact(aieng: AiengResource) -> dg.AssetCheckResult:
+    return verify_current(aieng.store(), dataset_manifest.key.to_user_string(), [None])
+
+
+CHECKS = [dataset_manifest_intact]

@@ -1,7 +1,7 @@
 """production_deployment: the promotion gate on the current serving bundle, and the switch.
 
 The asset calls aieng_core.gate.run_gate on the current serving_bundle (verify, warmup,
-stress test, rollback drill on the drill pointer, promote) and turns the gate report into
+compare, stress test, rollback drill on the drill pointer, promote) and turns the gate report into
 metadata. A failed gate raises dg.Failure naming the step and the figure, with production
 left serving what it served. A bundle production already serves is not gated again.
 """
@@ -13,6 +13,7 @@ import dagster as dg
 from aieng_core import asset_keys
 from aieng_core.deploy.deployments import Deployments
 from aieng_core.gate import production_deployment as gate_core
+from aieng_core.gate.report import step_headline
 from orchestration.assets.serving import serving_bundle
 from orchestration.partitions import single_run
 from orchestration.resources import AiengResource
@@ -32,22 +33,6 @@ LEVEL_COLUMNS = (
     ("output tok/s", "output_throughput"),
     ("good fraction", "good_fraction"),
 )
-# The figures of each step shown in the steps table (all of them are in `figures`).
-HEADLINE_FIGURES = {
-    "verify": ("files_checked", "goldens_matching", "goldens_replayed"),
-    "warmup": (
-        "device",
-        "load_seconds",
-        "cold_first_request_ms",
-        "warm_first_request_ms",
-        "peak_memory_bytes",
-        "memory_budget_bytes",
-        "cuda_graphs",
-    ),
-    "stress": ("max_seconds_per_level",),
-    "drill": ("first_deployment", "previous_bundle_id", "pickup_seconds", "time_to_rollback_seconds"),
-    "promote": ("sequence", "from", "to"),
-}
 
 
 def _cell(value: Any) -> str:
@@ -64,17 +49,11 @@ def _get(figures: dict[str, Any], path: str | tuple[str, ...]) -> Any:
 
 
 def steps_table(steps: list[dict[str, Any]]) -> str:
-    """One row per step run: passed, seconds, its headline figures."""
-    rows = ["| step | passed | seconds | figures |", "|---|---|---|---|"]
+    """One row per step run: passed, seconds, what it found (the gate's own headline)."""
+    rows = ["| step | passed | seconds | found |", "|---|---|---|---|"]
     for step in steps:
-        figures = step["figures"]
-        shown = [f"{name}={_cell(figures[name])}" for name in HEADLINE_FIGURES.get(step["name"], ()) if name in figures]
-        if step["name"] == "drill" and isinstance(figures.get("traffic"), dict):
-            traffic = figures["traffic"]
-            shown.append(f"requests ok={traffic['ok']}, failed={traffic['failed_requests']}")
-        if step["name"] == "stress" and isinstance(figures.get("regression"), dict):
-            shown.append(_cell(figures["regression"].get("note", "")))
-        rows.append(f"| {step['name']} | {step['passed']} | {step['seconds']:.2f} | {', '.join(shown)} |")
+        found = step_headline(step["name"], step["figures"]) if step["passed"] else "failed: see failed_figure"
+        rows.append(f"| {step['name']} | {step['passed']} | {step['seconds']:.2f} | {_cell(found)} |")
     return "\n".join(rows)
 
 
@@ -101,6 +80,9 @@ def report_metadata(report: dict[str, Any]) -> dict[str, Any]:
     stress = next((step["figures"] for step in steps if step["name"] == "stress"), None)
     if stress and stress.get("levels"):
         metadata["stress_levels"] = dg.MetadataValue.md(levels_table(stress["levels"]))
+    compare = next((step["figures"] for step in steps if step["name"] == "compare"), None)
+    for row in (compare or {}).get("throughput", []):  # plottable across gate runs
+        metadata[f"ratio_vs_deployed_batch_{row['batch_size']}"] = row["ratio_vs_deployed"]
     drill = next((step["figures"] for step in steps if step["name"] == "drill"), None)
     if drill and "time_to_rollback_seconds" in drill:
         metadata["time_to_rollback_seconds"] = drill["time_to_rollback_seconds"]
@@ -117,7 +99,8 @@ def report_metadata(report: dict[str, Any]) -> dict[str, Any]:
     kinds={"python"},
     description=(
         "The promotion gate on the current serving_bundle, then the switch: verify (integrity, goldens), warmup "
-        "(cold vs warm first request, peak memory against weights x 1.3 + 2 GiB), stress test of a real "
+        "(cold vs warm first request, peak memory against weights x 1.3 + 2 GiB), compare (the candidate's and the "
+        "deployed bundle's tokens/s, measured side by side now), stress test of a real "
         "`aieng serve` (closed loop at gate.concurrencies, Poisson at gate.poisson_rates; P99 TTFT and E2EL "
         "SLOs, goodput floor, no error, no regression beyond gate.max_regression against the deployed bundle's "
         "gate figures), rollback drill on the drill pointer under traffic (goldens after every switch, time "
@@ -127,30 +110,27 @@ def report_metadata(report: dict[str, Any]) -> dict[str, Any]:
 )
 def production_deployment(context: dg.AssetExecutionContext, aieng: AiengResource) -> dg.MaterializeResult:
     from aieng_core.gate import GateFailed, run_gate
-    from aieng_core.gate.regression import baseline_event
 
     store = aieng.store()
     bundle = store.require_current(asset_keys.SERVING_BUNDLE)
     production = Deployments(store.home, store=store)
-    current = production.current()
     requested = context.run.tags.get(BUNDLE_ID_TAG)
     if requested is not None and requested != bundle.id:
         context.log.warning(
             f"this run was requested for serving_bundle {requested}; the current one is {bundle.id}, which is gated"
         )
-    if current["bundle_id"] == bundle.id:
-        promoted = baseline_event(production)  # the promote event that made it current
-        context.log.info(f"production already serves {bundle.id} (sequence {current['sequence']}): not gated again")
+    serving = gate_core.already_serving(production, bundle.id)
+    if serving is not None:
+        note = gate_core.not_gated_again(bundle.id, serving)
+        context.log.info(note)
         return dg.MaterializeResult(
-            data_version=dg.DataVersion(f"{bundle.id}:{current['sequence']}"),
+            data_version=dg.DataVersion(f"{bundle.id}:{serving['sequence']}"),
             metadata={
                 "bundle_id": bundle.id,
                 "already_serving": True,
-                "note": dg.MetadataValue.text(
-                    f"production already serves {bundle.id} since sequence {current['sequence']}: not gated again"
-                ),
-                "sequence": current["sequence"],
-                "history_event": dg.MetadataValue.json(promoted or {}),
+                "note": dg.MetadataValue.text(note),
+                "sequence": serving["sequence"],
+                "history_event": dg.MetadataValue.json(serving["event"] or {}),
             },
         )
     try:

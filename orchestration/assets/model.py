@@ -49,3 +49,39 @@ def model_checkpoint(context: dg.AssetExecutionContext, aieng: AiengResource) ->
             ),
         },
     )
+
+
+@dg.asset_check(asset=model_checkpoint, blocking=True, description="Every weight is finite: no NaN or inf.")
+def weights_finite(aieng: AiengResource) -> dg.AssetCheckResult:
+    from aieng_core.model.hf_files import non_finite_tensors  # torch: imported only when a model check runs
+
+    artifact = aieng.store().require_current(model_checkpoint.key.to_user_string())
+    bad = non_finite_tensors(artifact)
+    return dg.AssetCheckResult(passed=not bad, metadata={"non_finite_tensors": ", ".join(bad) or "none"})
+
+
+@dg.asset_check(asset=model_checkpoint, blocking=True, description="Validation loss is below the unigram baseline.")
+def beats_unigram_baseline(aieng: AiengResource) -> dg.AssetCheckResult:
+    metrics = aieng.store().require_current(model_checkpoint.key.to_user_string()).metrics
+    return dg.AssetCheckResult(
+        passed=metrics["validation_loss"] < metrics["unigram_baseline_loss"],
+        metadata={
+            "validation_loss": metrics["validation_loss"],
+            "unigram_baseline_loss": metrics["unigram_baseline_loss"],
+        },
+    )
+
+
+@dg.asset_check(
+    asset=model_checkpoint, blocking=True, description="The weights hold exactly the parameters the config implies."
+)
+def parameter_count_matches_config(aieng: AiengResource) -> dg.AssetCheckResult:
+    from aieng_core.model.hf_files import checkpoint_config, stored_parameters
+    from aieng_core.model.llama import expected_parameters
+
+    artifact = aieng.store().require_current(model_checkpoint.key.to_user_string())
+    stored, expected = stored_parameters(artifact), expected_parameters(checkpoint_config(artifact))
+    return dg.AssetCheckResult(passed=stored == expected, metadata={"stored": stored, "expected_from_config": expected})
+
+
+CHECKS = [weights_finite, beats_unigram_baseline, parameter_count_matches_config]

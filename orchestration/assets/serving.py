@@ -34,10 +34,11 @@ def golden_table(outputs: list[dict[str, Any]]) -> str:
     kinds={"pytorch", "safetensors"},
     description=(
         "Immutable bundle `aieng serve` loads: the current model's safetensors and config, its tokenizer, "
-        "serving.json (engine limits and request defaults from the serving: config) and golden greedy "
+        "serving.json (engine limits and request defaults from the bundle: config, its recipe) and golden greedy "
         "continuations recorded by the serving engine, and benchmark.json, the benchmark_report of the same model "
-        "(its figures are the promotion gate's baseline; a report of another model is refused). Its manifest's inputs "
-        "chain reaches the raw snapshots. A partial model is refused unless serving.allow_partial_model."
+        "(a report of another model is refused). Its manifest's inputs chain reaches the raw snapshots. What only "
+        "the server reads (the serving: config) is not in it. A partial model is refused unless "
+        "bundle.allow_partial_model."
     ),
 )
 def serving_bundle(context: dg.AssetExecutionContext, aieng: AiengResource) -> dg.MaterializeResult:
@@ -68,3 +69,32 @@ def serving_bundle(context: dg.AssetExecutionContext, aieng: AiengResource) -> d
             "serve_command": dg.MetadataValue.text(f"aieng serve --bundle {artifact.path}"),
         },
     )
+
+
+@dg.asset_check(
+    asset=serving_bundle,
+    blocking=True,
+    description=(
+        "`aieng bundle verify` on the current bundle: every file matches the manifest, the model loads, "
+        "and the serving engine replays every golden prompt to the recorded tokens."
+    ),
+)
+def bundle_verified(aieng: AiengResource) -> dg.AssetCheckResult:
+    from aieng_core.bundle.verify import verify_bundle
+
+    artifact = aieng.store().require_current(serving_bundle.key.to_user_string())
+    report = verify_bundle(artifact.path)
+    return dg.AssetCheckResult(
+        passed=report["ok"],
+        description="; ".join(report["problems"][:3]) or None,
+        metadata={
+            "bundle_id": artifact.id,
+            "files_checked": report["files_checked"],
+            "goldens_replayed": len(report["goldens"]),
+            "goldens_matching": sum(1 for golden in report["goldens"] if golden["ok"]),
+            "problems": dg.MetadataValue.json(report["problems"]),
+        },
+    )
+
+
+CHECKS = [bundle_verified]

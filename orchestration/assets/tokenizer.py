@@ -2,6 +2,7 @@
 
 import dagster as dg
 
+from aieng_core.dataset.consistency import tokenized_consistency
 from aieng_core.store import Artifact
 from aieng_core.tokenizer import bpe_tokenizer as tokenizer_artifact
 from aieng_core.tokenizer import tokenized_documents as tokenized
@@ -71,3 +72,43 @@ def tokenized_documents(context: dg.AssetExecutionContext, aieng: AiengResource)
         lambda p: tokenized.build_tokenized_documents(store, config, p, run_info(context), context.log),
         describe,
     )
+
+
+@dg.asset_check(
+    asset=bpe_tokenizer,
+    blocking=True,
+    description="Every clean row of every partition encodes without special ids and decodes back to itself.",
+)
+def tokenizer_round_trips(aieng: AiengResource) -> dg.AssetCheckResult:
+    report = tokenizer_artifact.round_trip_report(aieng.store(), aieng.settings().data.batch_rows)
+    return dg.AssetCheckResult(
+        passed=report["passed"],
+        description=f"{report['failures']} of {report['texts_checked']} clean rows do not round-trip"
+        if report["failures"]
+        else None,
+        metadata={
+            "partitions_checked": len(report["partitions"]),
+            "texts_checked": report["texts_checked"],
+            "failures": report["failures"],
+            "failing_ids": ", ".join(report["failing_ids"]) or "none",
+        },
+    )
+
+
+@dg.asset_check(
+    asset=tokenized_documents,
+    blocking=True,
+    description="One tokenized row per clean row, from the current clean artifact, with the current tokenizer.",
+)
+def tokenized_matches_clean(aieng: AiengResource) -> dg.AssetCheckResult:
+    result = tokenized_consistency(aieng.store())
+    return dg.AssetCheckResult(
+        passed=result["passed"],
+        metadata={
+            "partitions_checked": len(result["partitions"]),
+            "problems": dg.MetadataValue.json(result["problems"]),
+        },
+    )
+
+
+CHECKS = [tokenizer_round_trips, tokenized_matches_clean]

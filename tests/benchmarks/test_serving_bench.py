@@ -1,9 +1,13 @@
-"""`aieng bench serving`: the metric definitions exactly, and a quick run's report.
+"""`aieng bench serving`: the metric definitions exactly, the rounds and their report on fake
+workers exactly, and a quick run's report.
 
-The quick run (tiny config, one round, a few tokens) is a smoke test of how the figures are
-taken, not of their values (a test machine's load decides those): every peer in a fresh
-process of its own, the same work for every peer (equal token counts), a real server over
-HTTP, every figure a positive number, every goal computed from the medians it names.
+The fake workers (no processes) answer with numbers chosen so that the median of the rounds,
+their mean and the first round all differ: the peers' order alternating from round to round,
+every figure's median and min..max spread, and every goal as a ratio of medians are checked
+to the exact number. The quick run (tiny config, one round, a few tokens) is a smoke test of
+how the figures are taken, not of their values (a test machine's load decides those): every
+peer in a fresh process of its own, the same work for every peer (equal token counts), a real
+server over HTTP, every figure a positive number, every goal computed from the medians it names.
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ import numpy as np
 import pytest
 
 from aieng_core import cli
+from aieng_core.bench import serving_bench
 from aieng_core.bench.serving_bench import GOALS, run_serving_bench
+from aieng_core.bench.serving_report import peer_figure, spread, spread_tree
+from aieng_core.bench.serving_rounds import peer_order, run_rounds
 from aieng_core.loadgen.stats import METRIC_DEFINITIONS, RequestRecord, percentile, summarize
 from tests.conftest import TINY_CONFIG
 
@@ -64,6 +71,180 @@ def test_summary_refuses_a_run_where_nothing_completed() -> None:
         summarize([RequestRecord(prompt_tokens=1, output_tokens=1, sent=0.0, error="boom")], {})
 
 
+# ---- rounds and their report on fake workers (no processes) -------------------------------------
+PEERS = ("ours", "transformers", "ctranslate2", "http")
+
+
+def test_the_peer_order_alternates_from_round_to_round() -> None:
+    calls: list[str] = []
+
+    def run(peer: str) -> dict:
+        calls.append(peer)
+        return {"call": len(calls)}
+
+    records = run_rounds(PEERS, 3, run)
+
+    forward, backward = list(PEERS), list(reversed(PEERS))
+    assert calls == forward + backward + forward
+    assert [record["order"] for record in records] == [forward, backward, forward]
+    assert [record["round"] for record in records] == [0, 1, 2]
+    # Each record holds what its own run returned: round 1 ran http first (call 5), ours last (call 8).
+    assert [records[1][peer]["call"] for peer in PEERS] == [8, 7, 6, 5]
+    assert [peer_order(PEERS, index)[0] for index in range(4)] == ["ours", "http", "ours", "http"]
+
+
+def test_a_spread_is_the_exact_median_and_min_max_of_the_rounds() -> None:
+    assert spread([4.0, 1.0, 2.5]) == {"median": 2.5, "min": 1.0, "max": 4.0, "rounds": [4.0, 1.0, 2.5]}
+    assert spread([4.0, 1.0, 2.0, 9.0]) == {"median": 3.0, "min": 1.0, "max": 9.0, "rounds": [4.0, 1.0, 2.0, 9.0]}
+    assert spread([7.0]) == {"median": 7.0, "min": 7.0, "max": 7.0, "rounds": [7.0]}
+
+
+def test_a_tree_of_rounds_spreads_its_numbers_and_keeps_the_rest_from_round_0() -> None:
+    rounds = [
+        {"c": {"1": {"ttft_ms": {"p50": 9.0}, "requests": 8, "errors": ["e0"], "ok": True, "note": "a", "x": None}}},
+        {"c": {"1": {"ttft_ms": {"p50": 1.0}, "requests": 8, "errors": [], "ok": False, "note": "b", "x": 1}}},
+        {"c": {"1": {"ttft_ms": {"p50": 3.0}, "requests": 8, "errors": [], "ok": False, "note": "c", "x": 2}}},
+    ]
+    assert spread_tree(rounds) == {
+        "c": {
+            "1": {
+                "ttft_ms": {"p50": {"median": 3.0, "min": 1.0, "max": 9.0, "rounds": [9.0, 1.0, 3.0]}},
+                "requests": {"median": 8.0, "min": 8.0, "max": 8.0, "rounds": [8.0, 8.0, 8.0]},
+                "errors": ["e0"],
+                "ok": True,
+                "note": "a",
+                "x": None,
+            }
+        }
+    }
+
+
+def test_a_peer_whose_token_counts_differ_between_rounds_is_refused() -> None:
+    rounds = [{"ours": {"workloads": {"w": {"tokens_per_second": 1.0, "tokens": n}}}} for n in (8, 8, 9)]
+    with pytest.raises(RuntimeError, match="ours w: token counts differ between rounds"):
+        peer_figure(rounds, "ours", "w")
+
+
+# Per round, each peer runs at BASE x its factor of that round (x the workload's SCALE). The
+# factors' median (2) is neither their mean nor round 0's, and differs in which round holds it.
+FACTORS = {
+    "ours": (4.0, 1.0, 2.0),
+    "transformers": (1.0, 2.0, 8.0),
+    "ctranslate2": (2.0, 8.0, 1.0),
+    "http": (1.0, 4.0, 2.0),
+}
+BASE = {"ours": 100.0, "transformers": 20.0, "ctranslate2": 50.0, "http": 40.0}
+SCALE = {"single_stream": 1.0, "batch_16": 8.0, "batch_64": 32.0, "mixed_batch": 4.0, "mixed_sequential": 1.0}
+SCALE["mixed_static_batch"] = 2.0
+TOKENS = {"single_stream": 8, "batch_16": 64, "batch_64": 256, "mixed_batch": 8, "mixed_sequential": 8}
+TOKENS["mixed_static_batch"] = 8
+WORKLOADS = {
+    "ours": ("single_stream", "batch_16", "batch_64", "mixed_batch"),
+    "transformers": ("single_stream", "batch_16", "batch_64", "mixed_sequential", "mixed_static_batch"),
+    "ctranslate2": ("single_stream", "batch_16", "batch_64", "mixed_batch"),
+}
+FAKE_PLAN = {
+    "single_stream_prompts": [[5, 6, 7], [8, 9]],
+    "new_tokens": 4,
+    "batch_prompts": {"16": [[5, 6]] * 16, "64": [[5]] * 64},
+    "mixed": [{"ids": [5, 6], "max_new_tokens": 3}, {"ids": [7], "max_new_tokens": 5}],
+    "sweep_requests": [{"ids": [5], "max_new_tokens": 2}],
+    "model_config": {"num_attention_heads": 4, "head_dim": 16, "num_hidden_layers": 2},
+    "parameters": 1000,
+    "matmul_sizes": [64],
+    "server_env": {},
+    "bundle_id": "fake-bundle",
+    "limits": {"max_batch": 64},
+}
+
+
+def rate(peer: str, round_index: int, workload: str = "single_stream") -> float:
+    return BASE[peer] * FACTORS[peer][round_index] * SCALE[workload]
+
+
+def expected_figure(peer: str, workload: str) -> dict:
+    """The median factor is 2 for every peer; min and max are its factors' 1 and 4 or 8."""
+    rounds = [rate(peer, n, workload) for n in range(3)]
+    median, low, high = (BASE[peer] * SCALE[workload] * f for f in (2.0, 1.0, max(FACTORS[peer])))
+    return {"median": median, "min": low, "max": high, "rounds": rounds, "tokens": TOKENS[workload]}
+
+
+def fake_worker(calls: list[str]):
+    """What each worker process would print, for the round it is in (how often it ran before)."""
+
+    def run(name: str, plan_path: Path, env: dict, timeout: int) -> dict:
+        round_index = calls.count(name)
+        calls.append(name)
+        if name in ("convert", "profile"):
+            return {"pid": len(calls), "batches": {}}
+        common = {"pid": len(calls), "threads": 1, "load_average_1min": 0.5}
+        if name == "http":
+            mixed = {"output_throughput": rate("http", round_index), "output_tokens": 8, "duration_s": 1.0}
+            mixed |= {"server_cpu_seconds": 2.0, "client_cpu_seconds": 0.5}
+            sweep = {"concurrency": {"1": {"ttft_ms": {"p50": rate("http", round_index) / 10}, "requests": 4}}}
+            return {**common, "mixed_concurrent": mixed, "sweep": sweep}
+        workloads = {}
+        for workload in WORKLOADS[name]:
+            run_figures = {"tokens_per_second": rate(name, round_index, workload), "tokens": TOKENS[workload]}
+            workloads[workload] = run_figures | {"seconds": 1.0, "digests": ["d0", f"d1-{name}"]}
+        if name == "transformers":
+            workloads["mixed_static_batch"]["tokens_computed"] = 10
+        matmul = {"peak_gflops": 1.0, "gflops_by_size": {"64": 1.0}} if name == "ours" else None
+        return {**common, "workloads": workloads, **({"matmul": matmul} if matmul else {})}
+
+    return run
+
+
+def test_the_report_of_fake_rounds_has_exact_medians_spreads_and_goals(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(serving_bench, "prepare", lambda work, settings, sizes: FAKE_PLAN)
+    monkeypatch.setattr(serving_bench, "run_worker", fake_worker(calls))
+
+    results = run_serving_bench(rounds=3)
+
+    forward, backward = list(PEERS), list(reversed(PEERS))
+    assert calls == ["convert", *forward, *backward, *forward, "profile"]
+    assert results["method"]["orders"] == [forward, backward, forward]
+    assert [record["order"] for record in results["rounds"]] == [forward, backward, forward]
+    figures, goals = results["figures"], results["goals"]
+    single = figures["single_stream"]
+    assert single["ours"] == expected_figure("ours", "single_stream")
+    assert single["ours"] == {"median": 200.0, "min": 100.0, "max": 400.0, "rounds": [400.0, 100.0, 200.0], "tokens": 8}
+    assert single["transformers"] == expected_figure("transformers", "single_stream")
+    assert single["identical_outputs_vs_ours"] == {"transformers": "1/2", "ctranslate2": "1/2"}
+    for size in ("16", "64"):
+        for peer in ("ours", "transformers", "ctranslate2"):
+            assert figures["batch_vs_ctranslate2"][size][peer] == expected_figure(peer, f"batch_{size}")
+    http = figures["http_16_clients_mixed"]
+    assert http["ours_http"] == {"median": 80.0, "min": 40.0, "max": 160.0, "rounds": [40.0, 160.0, 80.0], "tokens": 8}
+    assert http["ours_in_process"] == expected_figure("ours", "mixed_batch")
+    assert http["transformers_static_batch"] == expected_figure("transformers", "mixed_static_batch") | {
+        "tokens_computed": 10
+    }
+    assert figures["serving_metrics"]["concurrency"] == {
+        "1": {
+            "ttft_ms": {"p50": {"median": 8.0, "min": 4.0, "max": 16.0, "rounds": [4.0, 16.0, 8.0]}},
+            "requests": {"median": 4.0, "min": 4.0, "max": 4.0, "rounds": [4.0, 4.0, 4.0]},
+        }
+    }
+    # Goals: ratios of the medians (not of means, nor of round 0), each met or missed against its target.
+    assert {name: (goal["ratio"], goal["met"]) for name, goal in goals.items()} == {
+        "single_stream_vs_transformers": (5.0, True),
+        "batch_1_vs_ctranslate2": (2.0, True),
+        "batch_16_vs_ctranslate2": (2.0, True),
+        "batch_64_vs_ctranslate2": (2.0, True),
+        "http_16_clients_vs_transformers_sequential": (2.0, False),
+        "http_16_clients_vs_transformers_static_batch": (1.0, False),
+        "http_16_clients_vs_ctranslate2_batch": (0.2, False),
+        "flops_fraction_of_matmul_peak_at_batch_64": (2 * 1000 * 6400 / 1e9, False),
+    }
+    assert {name: goal["target"] for name, goal in goals.items()} == GOALS
+    flops = figures["flops_at_batch_64"]
+    assert flops["achieved_gflops"] == spread([2 * 1000 * rate("ours", n, "batch_64") / 1e9 for n in range(3)])
+    assert flops["achieved_gflops"]["median"] == 2 * 1000 * 6400 / 1e9
+    assert results["machine"]["torch_threads_per_peer"] == {p: [1, 1, 1] for p in PEERS[:3]}
+
+
 # ---- a quick run, end to end --------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
@@ -74,9 +255,6 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     written = json.loads(out.read_text())
     assert written == json.loads(json.dumps(returned))
     return written
-
-
-PEERS = ("ours", "transformers", "ctranslate2", "http")
 
 
 @pytest.mark.e2e

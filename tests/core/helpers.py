@@ -1,4 +1,5 @@
-"""Small builders shared by the core tests: record encoders and a whole-pipeline build."""
+"""Small builders shared by the core tests: record encoders, a whole-pipeline build, and a
+broken (lowercasing) tokenizer artifact."""
 
 from __future__ import annotations
 
@@ -8,12 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+from tokenizers import normalizers
 
-from aieng_core.config import AiengConfig
+from aieng_core.config import AiengConfig, TokenizerConfig
 from aieng_core.data.clean_documents import build_clean_documents
 from aieng_core.data.raw_documents import build_raw_documents
 from aieng_core.dataset.dataset_manifest import build_dataset_manifest
-from aieng_core.store import Artifact, ArtifactStore
+from aieng_core.hashing import sha256_json
+from aieng_core.store import Artifact, ArtifactSpec, ArtifactStore, Produced
+from aieng_core.tokenizer.bpe import save_tokenizer_dir, train_bpe
+from aieng_core.tokenizer.bpe_tokenizer import KIND as TOKENIZER_KIND
 from aieng_core.tokenizer.bpe_tokenizer import build_bpe_tokenizer
 from aieng_core.tokenizer.tokenized_documents import build_tokenized_documents
 
@@ -114,3 +119,17 @@ def clean_files(directory: Path, files: dict[str, bytes], config) -> Cleaned:
         read_table(out / "clean.parquet"),
         read_table(out / "quarantine.parquet"),
     )
+
+
+def lowercasing_tokenizer(store: ArtifactStore, texts: list[str]) -> None:
+    """Make the current tokenizer one that lowercases before encoding, so that any text with
+    a capital letter cannot round-trip: a real, broken tokenizer artifact."""
+    config = TokenizerConfig(vocab_size=300, min_frequency=1)
+
+    def produce(staging: Path) -> Produced:
+        tokenizer = train_bpe(iter(texts), config)
+        tokenizer.normalizer = normalizers.Lowercase()
+        save_tokenizer_dir(tokenizer, staging, config)
+        return Produced(content_sha256=sha256_json("lowercasing"))
+
+    store.build(ArtifactSpec(kind=TOKENIZER_KIND, code_version="lowercasing", config_sha256="0" * 64), produce)

@@ -271,9 +271,9 @@ def test_serve_hands_its_arguments_to_the_server(
     from tests.conftest import TINY_CONFIG
 
     calls = []
-    fake = types.ModuleType("aieng_core.serving.server")
+    fake = types.ModuleType("aieng_core.serving.http.server")
     fake.run_server = lambda **kwargs: calls.append(kwargs) or 0  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "aieng_core.serving.server", fake)
+    monkeypatch.setitem(sys.modules, "aieng_core.serving.http.server", fake)
     assert run(capsys, "serve", "--bundle", str(tmp_path / "b"))[0] == 0
     code, _, _ = run(capsys, "serve", "--bundle", "x", "--host", "0.0.0.0", "--port", "9001", "--log-level", "debug")
     assert code == 0
@@ -281,7 +281,7 @@ def test_serve_hands_its_arguments_to_the_server(
         (tmp_path / "b", "127.0.0.1", 8000, "info"),
         (Path("x"), "0.0.0.0", 9001, "debug"),
     ]
-    assert calls[0]["config"].serving.max_batch == 16  # the tiny config, from $AIENG_CONFIG
+    assert calls[0]["config"].serving.max_waiting == 32  # the tiny config, from $AIENG_CONFIG
     assert str(TINY_CONFIG) == os.environ["AIENG_CONFIG"]
     with pytest.raises(SystemExit):
         main(["serve"])  # --bundle is required
@@ -304,3 +304,47 @@ def test_bench_serving_dispatches(capsys: pytest.CaptureFixture, monkeypatch: py
         {"out": "r.json", "config": None, "quick": False, "rounds": 3},
         {"out": None, "config": None, "quick": True, "rounds": 5},
     ]
+
+
+def test_a_reader_that_stops_reading_gets_no_traceback(tmp_path: Path) -> None:
+    """`aieng deploy status | head -3`: the pipe is closed before aieng writes (the read end is
+    closed before it starts), so its first write fails with EPIPE: it exits as SIGPIPE would,
+    quietly, with nothing on stderr."""
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "aieng_core.cli", "--home", str(tmp_path), "deploy", "status"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (141, "")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["deploy", "status", "--pointer", "gate-reports"],
+        ["deploy", "promote", "abc", "--pointer", "gate-reports"],
+        ["serve", "--deployment", "current", "--pointer", "gate-reports"],
+    ],
+    ids=["status", "promote", "serve"],
+)
+def test_the_gate_reports_folder_is_no_pointer(capsys: pytest.CaptureFixture, tmp_path: Path, argv: list[str]) -> None:
+    """Pointers share $AIENG_HOME/deployments/ with the gate's reports: that name is refused,
+    and nothing is written there."""
+    code, out, err = run(capsys, "--home", str(tmp_path), *argv)
+    assert (code, out) == (1, "")
+    assert err == (
+        "aieng: error: deployment pointer 'gate-reports' is reserved: $AIENG_HOME/deployments/gate-reports/ holds "
+        "the gate's reports; choose another name\n"
+    )
+    assert not (tmp_path / "deployments").exists()

@@ -4,6 +4,7 @@ and hashes that must never change, since artifact ids are made of them."""
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,38 +15,66 @@ import pytest
 from aieng_core.hashing import CHUNK_BYTES, ColumnHasher, sha256_file, sha256_stream
 from tests.conftest import REPO_ROOT
 
-# Hash a large file while another thread cuts it to zero bytes part-way through. With the
-# file mapped into memory, touching the pages that no longer exist raises SIGBUS and the
-# whole process dies; with plain reads the hash simply ends early.
+# Hash a file of several chunks and cut it to zero bytes right after the first chunk went into
+# the digest, before the hash is finished: a hook on hashlib.sha256 as aieng_core.hashing sees
+# it does the truncation, in the hashing thread, at exactly that point. With the file mapped
+# into memory, touching the pages that no longer exist raises SIGBUS and the whole process
+# dies; with plain reads the hash simply ends early, at what was read before the cut.
 SHRINK_WHILE_HASHING = """
-import os, sys, threading, time
-from aieng_core.hashing import sha256_file
+import hashlib, json, os, sys
+from aieng_core import hashing
 
-path = sys.argv[1]
+path, chunks = sys.argv[1], int(sys.argv[2])
 with open(path, "wb") as handle:
-    handle.truncate(512 << 20)  # sparse: instant to make, still 512 MiB to hash
+    handle.truncate(chunks * hashing.CHUNK_BYTES)  # sparse: instant to make, all zero bytes
 
-def shrink():
-    time.sleep(0.02)
-    os.truncate(path, 0)
+updates = []  # (bytes fed to the digest, size of the file on disk right after)
 
-thread = threading.Thread(target=shrink)
-thread.start()
-print(sha256_file(path))
-thread.join()
+
+class ShrinkAfterFirstChunk:
+    def __init__(self, data=b""):
+        self.digest = hashlib.sha256()
+        if data:
+            self.update(data)
+
+    def update(self, data):
+        self.digest.update(data)
+        if not updates:
+            os.truncate(path, 0)
+        updates.append((len(data), os.stat(path).st_size))
+
+    def hexdigest(self):
+        return self.digest.hexdigest()
+
+
+class HookedHashlib:
+    sha256 = ShrinkAfterFirstChunk
+
+    def __getattr__(self, name):
+        return getattr(hashlib, name)
+
+
+hashing.hashlib = HookedHashlib()
+print(json.dumps({"sha256": hashing.sha256_file(path), "updates": updates}))
 """
 
 
 def test_a_file_that_shrinks_while_hashed_does_not_kill_the_process(tmp_path: Path) -> None:
+    chunks = 8
     result = subprocess.run(
-        [sys.executable, "-c", SHRINK_WHILE_HASHING, str(tmp_path / "landing.jsonl")],
+        [sys.executable, "-c", SHRINK_WHILE_HASHING, str(tmp_path / "landing.jsonl"), str(chunks)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert result.returncode == 0, f"hashing process died with {result.returncode}: {result.stderr[-2000:]}"
-    assert len(result.stdout.strip()) == 64
+    hashed = json.loads(result.stdout)
+    # The cut came after the first chunk was hashed, and the hash went on: it read again and
+    # found the end of the (now empty) file, so only that first chunk is in the digest.
+    assert hashed["updates"] == [[CHUNK_BYTES, 0]]
+    assert hashed["sha256"] == hashlib.sha256(bytes(CHUNK_BYTES)).hexdigest()
+    assert hashed["sha256"] != hashlib.sha256(bytes(chunks * CHUNK_BYTES)).hexdigest()
 
 
 @pytest.mark.skipif(not Path("/proc/version").is_file(), reason="needs Linux /proc")

@@ -1,5 +1,5 @@
 """`aieng lineage`: the command's parser, JSON documents and human output
-(aieng_core/store/lineage_cli.py), driven through a parser built as aieng's own is."""
+(aieng_core/cli/lineage.py), driven through a parser built as aieng's own is."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 
 from aieng_core import asset_keys
+from aieng_core.cli.lineage import add_parsers as add_lineage_parser
 from aieng_core.hashing import sha256_file
 from aieng_core.store import ArtifactNotFound, ArtifactStore
 from aieng_core.store.lineage import NothingDeployed, upstream
-from aieng_core.store.lineage_cli import add_lineage_parser
 from tests.bundle_fixtures import BundledHome
 from tests.conftest import DEMO_PARTITIONS
-from tests.core.test_lineage_lookup import NODE_KEYS, deploy_history, expected_downstream
+from tests.core.lineage_helpers import NODE_KEYS, deploy_history, expected_downstream
 
 
 def lineage(store: ArtifactStore, capsys: pytest.CaptureFixture[str], *argv: str) -> str:

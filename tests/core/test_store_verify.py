@@ -192,16 +192,45 @@ def test_a_dangling_or_unreadable_ref_is_bad(store: ArtifactStore, home: Path) -
     assert bad["2026-01-03"]["problem"].startswith("unreadable:")
 
 
+def _pointer_state(pointer: str, bundle_id: str) -> dict:
+    return {
+        "pointer": pointer,
+        "bundle_id": bundle_id,
+        "bundle_path": f"/elsewhere/{bundle_id}",
+        "sequence": 1,
+        "updated_at": "2026-01-01T00:00:00.000+00:00",
+        "stack": [],
+    }
+
+
 def test_a_deployment_pointer_to_a_missing_bundle_is_bad(home: Path) -> None:
     pointer = home / "deployments" / "production"
     pointer.mkdir(parents=True)
-    (pointer / "current.json").write_text(json.dumps({"bundle_id": "abc123", "sequence": 1}))
+    (pointer / "current.json").write_text(json.dumps(_pointer_state("production", "abc123")))
     [ref] = verify_store(home)["bad_refs"]
     assert (ref["ref"], ref["id"], ref["problem"]) == (
         str(pointer / "current.json"),
         "abc123",
         "serving_bundle abc123 is not in the store",
     )
+
+
+def test_a_deployment_pointer_is_read_as_every_reader_reads_it(home: Path) -> None:
+    """store verify reads pointers through store/pointers.py, as deploy, lineage and the server
+    do: a current.json they refuse (keys missing) or a damaged history line is damage here too."""
+    incomplete = home / "deployments" / "production"
+    incomplete.mkdir(parents=True)
+    (incomplete / "current.json").write_text(json.dumps({"bundle_id": "abc123", "sequence": 1}))
+    torn_history = home / "deployments" / "drill"
+    torn_history.mkdir(parents=True)
+    (torn_history / "current.json").write_text(
+        json.dumps({**_pointer_state("drill", "abc123"), "bundle_id": None, "bundle_path": None})
+    )
+    (torn_history / "history.jsonl").write_text("{not an event}\n")
+    bad = {ref["ref"]: ref for ref in verify_store(home)["bad_refs"]}
+    assert sorted(bad) == [str(torn_history / "current.json"), str(incomplete / "current.json")]
+    assert "missing pointer, bundle_path, updated_at, stack" in bad[str(incomplete / "current.json")]["problem"]
+    assert "history.jsonl, line 1: not a JSON event" in bad[str(torn_history / "current.json")]["problem"]
 
 
 def test_a_damaged_copy_set_aside_is_listed_not_damage(store: ArtifactStore, home: Path) -> None:

@@ -6,13 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer, normalizers
+from tokenizers import Tokenizer
 
 from aieng_core.config import TokenizerConfig
 from aieng_core.data.clean_documents import KIND as CLEAN_KIND
 from aieng_core.data.tables import CLEAN_FILE, num_rows
-from aieng_core.hashing import sha256_json
-from aieng_core.store import ArtifactNotFound, ArtifactSpec, ArtifactStore, Produced
+from aieng_core.store import ArtifactNotFound, ArtifactStore
 from aieng_core.tokenizer.bpe import (
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
@@ -20,13 +19,12 @@ from aieng_core.tokenizer.bpe import (
     capped,
     load_tokenizer,
     round_trip_failures,
-    save_tokenizer_dir,
     special_ids,
     train_bpe,
 )
 from aieng_core.tokenizer.bpe_tokenizer import CODE_VERSION, KIND, build_bpe_tokenizer, round_trip_report
 from tests.conftest import DEMO_PARTITIONS, land
-from tests.core.helpers import BuiltHome, build_data, jsonl, read_table, sentences
+from tests.core.helpers import BuiltHome, build_data, jsonl, lowercasing_tokenizer, read_table, sentences
 
 NEW_PARTITION = "2026-01-04"
 
@@ -208,20 +206,6 @@ def test_round_trip_report_covers_every_clean_row(built_demo: BuiltHome) -> None
         "failures": 0,
         "failing_ids": [],
     }
-
-
-def lowercasing_tokenizer(store: ArtifactStore, texts: list[str]) -> None:
-    """Make the current tokenizer one that lowercases before encoding, so that any text with
-    a capital letter cannot round-trip: a real, broken tokenizer artifact."""
-    config = TokenizerConfig(vocab_size=300, min_frequency=1)
-
-    def produce(staging: Path) -> Produced:
-        tokenizer = train_bpe(iter(texts), config)
-        tokenizer.normalizer = normalizers.Lowercase()
-        save_tokenizer_dir(tokenizer, staging, config)
-        return Produced(content_sha256=sha256_json("lowercasing"))
-
-    store.build(ArtifactSpec(kind=KIND, code_version="lowercasing", config_sha256="0" * 64), produce)
 
 
 def test_round_trip_report_finds_a_failure_far_past_the_first_rows(

@@ -27,9 +27,10 @@ import psutil
 import pytest
 
 from aieng_core.config import load_config
-from aieng_core.serving import http_app
+from aieng_core.serving.http import routes_admin
+from aieng_core.serving.http.app import create_app
 from tests.conftest import TINY_CONFIG
-from tests.e2e.test_serve import AIENG, READY_TIMEOUT_S, REPO_ROOT, Reply, Server, free_port, poll
+from tests.e2e.serve_helpers import AIENG, READY_TIMEOUT_S, REPO_ROOT, Reply, Server, free_port, poll
 
 # Not ASCII on purpose: a client sends the token's UTF-8 bytes.
 TOKEN = "admin-tökén-0123456789"
@@ -192,8 +193,8 @@ def test_tokens_are_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -
         compared.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(http_app.hmac, "compare_digest", recording)
-    app = http_app.create_app(Path("/nonexistent"), load_config(TINY_CONFIG), TOKEN)
+    monkeypatch.setattr(routes_admin.hmac, "compare_digest", recording)
+    app = create_app(Path("/nonexistent"), load_config(TINY_CONFIG), TOKEN)
     body = json.dumps({"bundle": "/nonexistent"}).encode()
     for sent, status in ((b"x", 403), (b"y" * 8192, 403), (TOKEN.encode(), 409)):
         compared.clear()

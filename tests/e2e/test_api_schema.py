@@ -30,7 +30,7 @@ from schemathesis.specs.openapi.checks import (
 
 from aieng_core.config import load_config
 from tests.conftest import TINY_CONFIG
-from tests.e2e.test_serve import Server, start_server
+from tests.e2e.serve_helpers import Server, start_server
 
 pytestmark = pytest.mark.e2e
 
@@ -112,7 +112,7 @@ def test_every_answer_is_declared_and_none_is_a_server_error(
 
 
 def test_the_documented_bounds_come_from_the_config(api_schema: schemathesis.BaseSchema) -> None:
-    max_context = load_config(TINY_CONFIG).serving.max_context
+    max_context = load_config(TINY_CONFIG).bundle.max_context
     schemas = api_schema.raw_schema["components"]["schemas"]
     for model, field in (
         ("GenerateRequest", "max_new_tokens"),

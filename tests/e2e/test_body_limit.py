@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.test_serve import Server, poll, start_server
+from tests.e2e.serve_helpers import Server, poll, start_server
 
 pytestmark = pytest.mark.e2e
 

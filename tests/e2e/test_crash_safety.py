@@ -43,7 +43,7 @@ import yaml
 from aieng_core.hashing import sha256_file
 from aieng_core.store import ArtifactStore
 from aieng_core.store.verify import find_staging, verify_store
-from tests.orchestration.test_definitions import DESIGN_GRAPH
+from tests.graph import ASSET_GRAPH
 
 pytestmark = pytest.mark.e2e
 
@@ -70,7 +70,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     },
 }
 # The graph in order, without production_deployment: promotion is killed through `aieng deploy promote`.
-ASSETS = DESIGN_GRAPH[:-1]
+ASSETS = ASSET_GRAPH[:-1]
 
 
 @dataclass(frozen=True)

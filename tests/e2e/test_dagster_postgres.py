@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.postgres_server import MISSING_BINARIES, PostgresServer, postgres_bin_dir, running_postgres
-from tests.e2e.test_cli_pipeline import (
+from tests.e2e.cli_helpers import (
     AIENG,
     DATA_HALF,
     PARTITION_RANGE,
@@ -26,6 +25,7 @@ from tests.e2e.test_cli_pipeline import (
     artifact_snapshot,
     make_env,
 )
+from tests.e2e.postgres_server import MISSING_BINARIES, PostgresServer, postgres_bin_dir, running_postgres
 
 pytestmark = pytest.mark.e2e
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.e2e.test_cli_pipeline import make_env
+from tests.e2e.cli_helpers import make_env
 from tests.hostile.generator import IGNORED_ENTRIES, Case, hostile_cases, land_cases, odd_name_case
 
 pytestmark = pytest.mark.e2e

@@ -19,9 +19,7 @@ import re
 import shutil
 import signal
 import subprocess
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -33,9 +31,10 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from aieng_core.config import load_config
+from aieng_core.loadgen.http_client import request
 from aieng_core.loadgen.server_process import ServerProcess, free_port
 from tests.conftest import TINY_CONFIG
-from tests.e2e.test_serve import poll
+from tests.e2e.serve_helpers import poll
 
 pytestmark = pytest.mark.e2e
 
@@ -63,14 +62,9 @@ def alert_rules() -> dict[str, list[dict[str, Any]]]:
 
 
 def http_get(port: int, path: str, params: dict[str, str] | None = None) -> tuple[int, bytes]:
-    url = f"http://127.0.0.1:{port}{path}"
-    if params:
-        url += "?" + urllib.parse.urlencode(params)
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read()
+    """A GET to 127.0.0.1:`port` (Prometheus or the server): its status and body, whatever the status."""
+    reply = request(port, "GET", f"{path}?{urllib.parse.urlencode(params)}" if params else path, timeout=5)
+    return reply.status, reply.body
 
 
 # ---- promtool ---------------------------------------------------------------------------------------
@@ -353,16 +347,10 @@ def server_counts(server: ServerProcess) -> dict[tuple[str, tuple[tuple[str, str
 
 
 def generate(port: int, n: int) -> None:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/generate",
-        data=json.dumps(
-            {"prompt": f"The data pipeline {n}", "max_new_tokens": MAX_NEW_TOKENS, "temperature": 0}
-        ).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=60) as response:
-        assert response.status == 200
-        assert json.loads(response.read())["tokens"] >= 1
+    body = {"prompt": f"The data pipeline {n}", "max_new_tokens": MAX_NEW_TOKENS, "temperature": 0}
+    reply = request(port, "POST", "/generate", body, timeout=60)
+    assert reply.status == 200, reply.body
+    assert reply.json["tokens"] >= 1
 
 
 def test_prometheus_scrapes_serve_and_evaluates_the_alert_rules(tmp_path: Path, serving_bundle_artifact) -> None:

@@ -1,219 +1,57 @@
 """`aieng serve` as an operator runs it: a real server process on a free loopback port, the
-tiny bundle, and clients that speak HTTP (stdlib, raw sockets, the official openai client).
+tiny bundle, and clients that speak HTTP (the project's loopback client, raw sockets, the
+official openai client).
 
 Every server is started and stopped by the test that needs it (SIGTERM, then a kill after a
-bound); every wait is a poll with a deadline. Long generations are made long by volume
-(hundreds of sequences of ignore_eos tokens), never by sleeping.
+bound); every wait is a poll with a deadline (serve_helpers.py). Long generations are made
+long by volume (hundreds of sequences of ignore_eos tokens), never by sleeping.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import http.client
 import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from aieng_core.serving.metrics import METRIC_HELP
+from aieng_core.serving.http.metrics import METRIC_HELP
 from tests.conftest import TINY_CONFIG
+from tests.e2e.serve_helpers import (
+    AIENG,
+    LONG_INPUTS,
+    LONG_TOKENS,
+    REPO_ROOT,
+    STOP_TIMEOUT_S,
+    Reply,
+    Server,
+    deploy,
+    deploy_refused,
+    flip_one_byte,
+    free_port,
+    greedy_answers,
+    long_predict,
+    poll,
+    raw_request,
+    start_server,
+)
 
 pytestmark = pytest.mark.e2e
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-AIENG = str(Path(sys.executable).parent / "aieng")
-READY_TIMEOUT_S = 120
-STOP_TIMEOUT_S = 30
-POLL_S = 0.02
 ADMIN_TOKEN = "test-admin-token-0123456789"
-# Long work by volume: this many sequences of LONG_TOKENS tokens keep the tiny engine busy for
-# hundreds of steps (its 16 slots take them in waves).
-LONG_INPUTS = 200
-LONG_TOKENS = 50
 BIG_QUEUE = {"max_waiting": 256}
-
-
-# ---- a server process and its clients ------------------------------------------------------------
-
-
-@dataclass
-class Reply:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    @property
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-    @property
-    def error(self) -> dict[str, Any]:
-        return self.json["error"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def poll(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(POLL_S)
-
-
-@dataclass
-class Server:
-    proc: subprocess.Popen
-    port: int
-    log_path: Path
-    bundle_path: Path | None
-
-    def call(
-        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None, timeout: float = 120
-    ) -> Reply:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
-            conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
-            response = conn.getresponse()
-            return Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, response.read())
-        finally:
-            conn.close()
-
-    def post(self, path: str, body: Any, headers: dict[str, str] | None = None) -> Reply:
-        return self.call("POST", path, body, headers)
-
-    def get(self, path: str) -> Reply:
-        return self.call("GET", path)
-
-    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        text = self.get("/metrics").body.decode()
-        return {
-            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-        }
-
-    def metric(self, name: str, **labels: str) -> float:
-        return self.metrics().get((name, tuple(sorted(labels.items()))), 0.0)
-
-    def log_lines(self) -> list[dict[str, Any]]:
-        lines = []
-        for line in self.log_path.read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.startswith("{"):
-                lines.append(json.loads(line))
-        return lines
-
-    def log_tail(self) -> str:
-        return self.log_path.read_text(encoding="utf-8", errors="replace")[-4000:]
-
-    def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="unused", max_retries=0, timeout=60)
-
-    def wait_idle(self, max_batch: int = 16, timeout: float = 30) -> None:
-        """Every KV slot free again, nothing running or waiting."""
-
-        def idle() -> bool:
-            m = self.metrics()
-            return (
-                m[("aieng_kv_cache_free_slots", ())] == max_batch
-                and m[("aieng_num_requests_running", ())] == 0
-                and m[("aieng_num_requests_waiting", ())] == 0
-            )
-
-        poll(idle, timeout, "the engine to be idle with every slot free")
-
-    def wait_running(self, timeout: float = 30) -> None:
-        poll(lambda: self.metric("aieng_num_requests_running") > 0, timeout, "a running sequence")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(STOP_TIMEOUT_S)
-        return self.proc.returncode
-
-
-def write_config(folder: Path, **serving: Any) -> Path:
-    config = yaml.safe_load(TINY_CONFIG.read_text(encoding="utf-8"))
-    config["serving"].update(serving)
-    path = folder / "serving-config.yaml"
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    return path
-
-
-def start_server(
-    folder: Path,
-    bundle_path: Path | None,
-    admin_token: str | None = None,
-    home: Path | None = None,
-    wait_for: str = "/health/ready",
-    **serving: Any,
-) -> Server:
-    """`aieng serve --bundle PATH`, or with bundle_path None `aieng serve --deployment current`
-    following the production pointer under `home`."""
-    folder.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AIENG_")}
-    env.update(AIENG_HOME=str(home or folder / "home"), AIENG_CONFIG=str(write_config(folder, **serving)))
-    if admin_token is not None:
-        env["AIENG_ADMIN_TOKEN"] = admin_token
-    port = free_port()
-    log_path = folder / "server.log"
-    serving_what = ["--bundle", str(bundle_path)] if bundle_path is not None else ["--deployment", "current"]
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(
-            [AIENG, "serve", *serving_what, "--port", str(port)],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
-    server = Server(proc, port, log_path, bundle_path)
-
-    def ready() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"the server exited with {proc.returncode}:\n{server.log_tail()}")
-        try:
-            return server.get(wait_for).status == 200
-        except OSError:
-            return False
-
-    try:
-        poll(ready, READY_TIMEOUT_S, wait_for)
-    except BaseException:
-        server.stop()
-        raise
-    return server
-
-
-@pytest.fixture(scope="module")
-def bundle_path(serving_bundle_artifact) -> Path:
-    return serving_bundle_artifact.bundle.path
 
 
 @pytest.fixture(scope="module")
@@ -229,14 +67,6 @@ def server(tmp_path_factory: pytest.TempPathFactory, bundle_path: Path) -> Itera
         yield running
     finally:
         assert running.stop() == 0, running.log_tail()
-
-
-def long_predict(server: Server, tag: str, inputs: int = LONG_INPUTS) -> Reply:
-    body = {
-        "inputs": [f"{tag} {n}" for n in range(inputs)],
-        "options": {"max_new_tokens": LONG_TOKENS, "ignore_eos": True, "temperature": 0},
-    }
-    return server.post("/predict", body, headers={"X-Request-ID": f"long-{tag}"})
 
 
 # ---- endpoints -------------------------------------------------------------------------------------
@@ -429,17 +259,6 @@ def test_admin_api_is_disabled_without_a_token(server: Server, bundle_path: Path
 # ---- disconnects free their slots ----------------------------------------------------------------------
 
 
-def raw_request(port: int, path: str, body: dict[str, Any]) -> socket.socket:
-    data = json.dumps(body).encode()
-    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(data)}\r\n\r\n"
-    )
-    sock.sendall(head.encode() + data)
-    return sock
-
-
 # Several clients at once, each with a share of the long work: the first one's sequences run
 # (and, streaming, its events flow) while the others' wait for a slot, so a disconnect is seen
 # both mid-generation and before a request's first token.
@@ -576,37 +395,6 @@ def test_sigterm_drains_in_flight_requests_then_exits_0(tmp_path: Path, bundle_p
         server.stop()
 
 
-@pytest.fixture(scope="module")
-def second_bundle(serving_bundle_artifact, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """Another bundle of the same model, built with other serving limits in a copy of the
-    shared home (the session's home and its current pointers stay as they are)."""
-    from aieng_core.bundle.serving_bundle import build_serving_bundle
-    from aieng_core.store import ArtifactStore
-
-    home = tmp_path_factory.mktemp("second-bundle") / "home"
-    shutil.copytree(serving_bundle_artifact.home, home)
-    config = serving_bundle_artifact.config
-    other = config.model_copy(update={"serving": config.serving.model_copy(update={"max_batch": 8})})
-    bundle = build_serving_bundle(ArtifactStore(home), other)
-    assert bundle.id != serving_bundle_artifact.bundle.id
-    return bundle
-
-
-def flip_one_byte(path: Path) -> None:
-    """Change one byte in the middle of a file (every bit of it), as a bad disk or a hand might."""
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    path.write_bytes(bytes(data))
-
-
-def greedy_answers(server: Server) -> list[list[int]]:
-    """The token ids of a few greedy generations: what "serving the same bundle" answers."""
-    bodies = [{"prompt": prompt, "max_new_tokens": 8, "temperature": 0} for prompt in ("still", "The data pipeline")]
-    replies = [server.post("/generate", body) for body in bodies]
-    assert all(reply.status == 200 for reply in replies), [reply.body for reply in replies]
-    return [reply.json["token_ids"] for reply in replies]
-
-
 def test_admin_reload(tmp_path: Path, bundle_path: Path, serving_bundle_artifact, second_bundle) -> None:
     first_id = serving_bundle_artifact.bundle.id
     server = start_server(tmp_path / "server", bundle_path, admin_token=ADMIN_TOKEN, **BIG_QUEUE)
@@ -705,35 +493,6 @@ def test_a_bundle_that_cannot_be_served_exits_1(tmp_path: Path) -> None:
     lines = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
     (error,) = [line for line in lines if line["message"].startswith("exiting: the bundle could not be served")]
     assert "manifest.json: missing" in error["message"] and "Traceback" not in result.stderr
-
-
-def run_deploy(home: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
-    """`aieng deploy ...  --json` against `home`, as an operator runs it."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AIENG_")}
-    env.update(AIENG_HOME=str(home), AIENG_CONFIG=str(TINY_CONFIG))
-    return subprocess.run(
-        [AIENG, "deploy", *arguments, "--json"],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
-def deploy(home: Path, *arguments: str) -> dict[str, Any]:
-    """A deploy command that must succeed: its JSON."""
-    result = run_deploy(home, *arguments)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout)
-
-
-def deploy_refused(home: Path, *arguments: str) -> str:
-    """A deploy command that must be refused: exit 1, nothing on stdout; its stderr."""
-    result = run_deploy(home, *arguments)
-    assert result.returncode == 1 and result.stdout == "", (result.returncode, result.stdout, result.stderr[-3000:])
-    return result.stderr
 
 
 def test_serve_deployment_current_follows_promote_and_rollback_without_failing_a_request(

@@ -3,10 +3,10 @@
 rollback under load (no failed request), and slow streaming readers (they hold no more than
 their own KV slot and slow nobody else down).
 
-Each test runs a real `aieng serve` on 127.0.0.1 with the tiny bundle (test_serve.py's
-helpers); the load comes from aieng_core.loadgen.http_load (the benchmark's and the gate's load
-generator). Every load is bounded in requests and seconds. Figures are printed (`-s` shows
-them) and written to a JSON file in the test's tmp dir.
+Each test runs a real `aieng serve` on 127.0.0.1 with the tiny bundle (serve_helpers.py, and
+the bundles of conftest.py); the load comes from aieng_core.loadgen.http_load (the benchmark's
+and the gate's load generator). Every load is bounded in requests and seconds. Figures are
+printed (`-s` shows them) and written to a JSON file in the test's tmp dir.
 """
 
 from __future__ import annotations
@@ -27,14 +27,10 @@ from typing import Any
 import psutil
 import pytest
 
+from aieng_core.loadgen.http_client import request
 from aieng_core.loadgen.http_load import COMPLETIONS, GENERATE, LoadRequest, closed_loop
 from aieng_core.loadgen.stats import RequestRecord, percentile
-from tests.e2e import test_serve
-from tests.e2e.test_serve import STOP_TIMEOUT_S, Server, deploy, poll, start_server
-
-# test_serve's fixtures, shared: the session bundle's path, and a second bundle of the same model.
-bundle_path = test_serve.bundle_path
-second_bundle = test_serve.second_bundle
+from tests.e2e.serve_helpers import STOP_TIMEOUT_S, Server, deploy, poll, start_server
 
 pytestmark = pytest.mark.e2e
 
@@ -328,7 +324,10 @@ class Outcome:
 def send_and_classify(port: int, n: int) -> Outcome:
     """One request: completed (200 and the whole answer); refused (503 draining, connection
     refused, or the connection closed before any byte of a response: a request the server
-    never read, sent as it closed); else failed, with why (a truncated 200 among them)."""
+    never read, sent as it closed); else failed, with why (a truncated 200 among them).
+
+    By hand (http.client), not through http_client.request: the status line's arrival is timed
+    apart from the body's end, and each way a transport can fail is told apart."""
     streamed = n % 2 == 1
     path = "/v1/completions" if streamed else "/generate"
     body: dict[str, Any] = {"prompt": f"drain {n}", "ignore_eos": True, "temperature": 0}
@@ -446,17 +445,12 @@ def completion_model(port: int, n: int) -> str:
     body = {"prompt": PROMPTS[n % len(PROMPTS)], "max_tokens": 4, "ignore_eos": True, "temperature": 0}
     if streamed:
         body["stream"] = True
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    try:
-        connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-        response = connection.getresponse()
-        data = response.read()
-    finally:
-        connection.close()
-    if response.status != 200:
-        raise AssertionError(f"HTTP {response.status}: {data[:300]!r}")
+    reply = request(port, "POST", "/v1/completions", body, timeout=60)
+    data = reply.body
+    if reply.status != 200:
+        raise AssertionError(f"HTTP {reply.status}: {data[:300]!r}")
     if not streamed:
-        return str(json.loads(data)["model"])
+        return str(reply.json["model"])
     events = [line[6:] for line in data.decode().split("\n\n") if line.startswith("data: ")]
     assert events[-1] == "[DONE]", data[-300:]
     models = {json.loads(event)["model"] for event in events[:-1]}

@@ -12,7 +12,7 @@ from aieng_core.data.reasons import ALL_REASONS
 from orchestration.assets.data import clean_documents, raw_documents
 from orchestration.assets.dataset import dataset_manifest
 from orchestration.assets.tokenizer import bpe_tokenizer, tokenized_documents
-from orchestration.checks import ALL_CHECKS
+from orchestration.definitions import ALL_CHECKS
 from orchestration.resources import AiengResource
 from tests.conftest import DEMO_PARTITIONS, TINY_CONFIG
 

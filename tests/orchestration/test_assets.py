@@ -23,11 +23,9 @@ from aieng_core.tokenizer import bpe_tokenizer as tokenizer_core
 from aieng_core.tokenizer import tokenized_documents as tokenized_core
 from orchestration.assets.data import clean_documents, raw_documents
 from orchestration.assets.dataset import dataset_manifest
-from orchestration.assets.tokenizer import bpe_tokenizer, tokenized_documents
-from orchestration.checks import tokenizer_round_trips
+from orchestration.assets.tokenizer import bpe_tokenizer, tokenized_documents, tokenizer_round_trips
 from tests.conftest import DEMO_PARTITIONS, land
-from tests.core.helpers import jsonl, sentences
-from tests.core.test_tokenizer import lowercasing_tokenizer
+from tests.core.helpers import jsonl, lowercasing_tokenizer, sentences
 from tests.orchestration.helpers import (
     ALL_DEMO_DAYS,
     ASSETS,

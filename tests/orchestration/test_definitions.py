@@ -1,7 +1,8 @@
-"""The whole code location loads, and its shape is the contract DESIGN.md promises.
+"""The whole code location loads, and its shape is the contract the docs promise
+(docs/index.md, "The asset graph").
 
 The data half (raw_documents ... dataset_manifest) is pinned exactly; assets beyond it must be
-the next ones of DESIGN.md's graph, in order, and follow the same rules.
+the next ones of the graph, in order, and follow the same rules.
 """
 
 from __future__ import annotations
@@ -19,20 +20,9 @@ import pytest
 import aieng_core
 from orchestration.definitions import defs
 from tests.conftest import REPO_ROOT, TINY_CONFIG
+from tests.graph import ASSET_GRAPH
 
-# DESIGN.md section 2, in graph order.
-DESIGN_GRAPH = [
-    "raw_documents",
-    "clean_documents",
-    "bpe_tokenizer",
-    "tokenized_documents",
-    "dataset_manifest",
-    "model_checkpoint",
-    "benchmark_report",
-    "serving_bundle",
-    "production_deployment",
-]
-DATA_HALF = DESIGN_GRAPH[:5]
+DATA_HALF = ASSET_GRAPH[:5]
 PARTITIONED = {"raw_documents", "clean_documents", "tokenized_documents"}
 DATA_HALF_PARENTS = {
     "raw_documents": set(),
@@ -72,12 +62,12 @@ def test_code_location_is_loadable() -> None:
     dg.Definitions.validate_loadable(defs)
 
 
-def test_asset_keys_follow_the_design_graph() -> None:
+def test_asset_keys_follow_the_documented_graph() -> None:
     keys = set(asset_keys())
     assert set(DATA_HALF) <= keys, f"missing {sorted(set(DATA_HALF) - keys)}"
-    # No asset outside DESIGN.md's graph (issues add them in their own order: serving_bundle
+    # No asset outside the documented graph (issues add them in their own order: serving_bundle
     # came before benchmark_report, which is then inserted between the model and the bundle).
-    assert keys <= set(DESIGN_GRAPH), sorted(keys - set(DESIGN_GRAPH))
+    assert keys <= set(ASSET_GRAPH), sorted(keys - set(ASSET_GRAPH))
 
 
 def test_asset_graph_edges() -> None:

@@ -21,7 +21,8 @@ import yaml
 
 from aieng_core.config import ConfigError, load_config
 from aieng_core.deploy.deployments import Deployments
-from aieng_core.gate import DRILL_POINTER
+from aieng_core.gate import DRILL_POINTER, read_report
+from aieng_core.gate.report import step_headline
 from orchestration.assets.benchmark import benchmark_report
 from orchestration.assets.data import clean_documents, raw_documents
 from orchestration.assets.dataset import dataset_manifest
@@ -95,8 +96,8 @@ def chain(serving_bundle_artifact, tmp_path_factory: pytest.TempPathFactory) -> 
     root = tmp_path_factory.mktemp("deployment-asset")
     home = root / "aieng-home"
     shutil.copytree(serving_bundle_artifact.home, home)
-    other = write_config(root, "max-batch-8", serving={"max_batch": 8})
-    impossible = write_config(root, "impossible", serving={"max_batch": 8}, gate={"slo_ttft_p99_ms": 0.001})
+    other = write_config(root, "max-batch-8", bundle={"max_batch": 8})
+    impossible = write_config(root, "impossible", bundle={"max_batch": 8}, gate={"slo_ttft_p99_ms": 0.001})
     with dg.instance_for_test() as instance:
 
         def materialize(selection: list[Any], config: Path = TINY_CONFIG, **kwargs: Any) -> Any:
@@ -150,18 +151,17 @@ def test_the_gate_promotes_the_current_bundle(chain: Chain, serving_bundle_artif
     assert (values["sequence"], values["previous_bundle_id"], values["production_before"]) == (1, "none", "none")
     assert values["history_event"] == {k: v for k, v in event.items() if k != "figures"}
     assert materialization.tags["dagster/data_version"] == f"{chain.bundle_a}:1"
-    assert values["figures"] == {name: event["figures"][name] for name in ("verify", "warmup", "stress", "drill")} | {
+    steps_run = ("verify", "warmup", "compare", "stress", "drill")
+    assert values["figures"] == {name: event["figures"][name] for name in steps_run} | {
         "promote": values["figures"]["promote"]
     }
     steps = values["gate_steps"].splitlines()
-    assert [line.split(" | ")[0].strip("| ") for line in steps[2:]] == [
-        "verify",
-        "warmup",
-        "stress",
-        "drill",
-        "promote",
-    ]
+    assert [line.split(" | ")[0].strip("| ") for line in steps[2:]] == [*steps_run, "promote"]
     assert all(" | True | " in line for line in steps[2:])
+    # Each row says what its step found in the words of the gate's own log line.
+    report = read_report(Path(values["gate_report"]))
+    for line, step in zip(steps[2:], report["steps"]):
+        assert line.endswith(f" | {step_headline(step['name'], step['figures']).replace('|', chr(92) + '|')} |")
     assert values["stress_levels"] == levels_table(event["figures"]["stress"]["levels"])
     assert len(values["stress_levels"].splitlines()) == 2 + 3  # header, rule, three load levels
     assert values["time_to_rollback_seconds"] == event["figures"]["drill"]["time_to_rollback_seconds"] > 0
@@ -172,7 +172,7 @@ def test_a_bundle_production_already_serves_is_not_gated_again(chain: Chain) -> 
     assert chain.again.success
     values = meta(deployment_materialization(chain.again))
     assert values["already_serving"] is True and values["sequence"] == 1
-    assert values["note"] == f"production already serves {chain.bundle_a} since sequence 1: not gated again"
+    assert values["note"] == f"production already serves serving_bundle {chain.bundle_a} (sequence 1): nothing to gate"
     assert values["history_event"]["dagster_run_id"] == chain.gated.run_id
     assert deployment_materialization(chain.again).tags["dagster/data_version"] == f"{chain.bundle_a}:1"
 

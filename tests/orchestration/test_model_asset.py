@@ -29,8 +29,13 @@ from aieng_core.model.hf_files import CONFIG_FILE, MODEL_FILE, checkpoint_config
 from aieng_core.model.llama import expected_parameters
 from aieng_core.store import Artifact, ArtifactSpec, ArtifactStore, Produced
 from aieng_core.training import model_checkpoint as model_core
-from orchestration.assets.model import model_checkpoint
-from orchestration.checks import ALL_CHECKS, beats_unigram_baseline, parameter_count_matches_config, weights_finite
+from orchestration.assets.model import (
+    beats_unigram_baseline,
+    model_checkpoint,
+    parameter_count_matches_config,
+    weights_finite,
+)
+from orchestration.definitions import ALL_CHECKS
 from orchestration.resources import AiengResource
 from tests.conftest import TINY_CONFIG
 from tests.core.fake_clock import StepClock

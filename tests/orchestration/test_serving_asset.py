@@ -23,8 +23,7 @@ from aieng_core.store import ArtifactStore
 from aieng_core.store.artifacts import MANIFEST
 from orchestration.assets.benchmark import benchmark_report
 from orchestration.assets.model import model_checkpoint
-from orchestration.assets.serving import golden_table, serving_bundle
-from orchestration.checks import bundle_verified
+from orchestration.assets.serving import bundle_verified, golden_table, serving_bundle
 from orchestration.resources import AiengResource
 from tests.conftest import TINY_CONFIG
 from tests.orchestration.helpers import check_outcomes, meta, run_materializations

@@ -1,11 +1,13 @@
 """build_benchmark_report on the real tiny trained home: what the report holds, figures that
-are measured (positive, finite, consistent with each other), reuse, the deployed bundle side by
-side, the max_seconds budget, and what the bundle builder makes of the report."""
+are measured (positive, finite, consistent with each other), reuse, that nothing but its
+inputs decides it (not what production serves), the max_seconds budget, and `aieng bundle
+build`, which composes the report and the bundle."""
 
 from __future__ import annotations
 
 import json
 import math
+import shutil
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +19,7 @@ from aieng_core.benchmark.benchmark_report import (
     CODE_VERSION,
     KIND,
     LATENCY_PLOT,
+    REPORT_FILE,
     REPORT_FILES,
     THROUGHPUT_PLOT,
     build_benchmark_report,
@@ -25,7 +28,8 @@ from aieng_core.benchmark.benchmark_report import (
     report_spec,
 )
 from aieng_core.benchmark.summary import summary_metrics
-from aieng_core.bundle.serving_bundle import GOLDEN_FILE, PartialModelRefused, build_report_and_bundle
+from aieng_core.bundle.serving_bundle import GOLDEN_FILE
+from aieng_core.cli import main
 from aieng_core.config import AiengConfig
 from aieng_core.deploy.deployments import Deployments
 from aieng_core.hashing import sha256_file, sha256_json
@@ -45,7 +49,6 @@ TOP_LEVEL_KEYS = {
     "throughput",
     "latency",
     "latency_definitions",
-    "deployed",
     "memory",
     "truncated",
     "truncated_reason",
@@ -117,7 +120,7 @@ def test_the_artifact_holds_the_report_and_two_plots(benchmark_report_artifact: 
         {"kind": "model_checkpoint", "id": trained_home.model.id},
         {"kind": "dataset_manifest", "id": dataset.id},
     ]
-    assert manifest["config_sha256"] == trained_home.config.section_sha256("benchmark", "serving", "training")
+    assert manifest["config_sha256"] == trained_home.config.section_sha256("benchmark", "bundle", "training")
     assert artifact.id == report_spec(trained_home.config, trained_home.model, dataset).artifact_id()
     assert artifact.content_sha256 == sha256_json({name: sha256_file(artifact.file(name)) for name in REPORT_FILES})
     for plot in (THROUGHPUT_PLOT, LATENCY_PLOT):
@@ -146,7 +149,6 @@ def test_report_structure_and_settings(report: dict[str, Any], trained_home) -> 
     assert environment["device"] == "cpu" and environment["threads"] >= 1
     assert environment["transformers"] is not None
     assert (report["truncated"], report["truncated_reason"], report["skipped"]) == (False, None, [])
-    assert report["deployed"] is None  # nothing deployed in the trained home
     # Seconds on configs/tiny.yaml, well inside its max_seconds.
     assert 0 < report["seconds"] < report["settings"]["max_seconds"]
 
@@ -186,7 +188,33 @@ def test_golden_continuations_are_the_bundles(report: dict[str, Any], serving_bu
     assert report["golden"] == golden["outputs"]
 
 
-def test_throughput_side_by_side_with_transformers(report: dict[str, Any]) -> None:
+@pytest.fixture(scope="module")
+def greedy_agreement(trained_home, benchmark_report_artifact: Artifact) -> dict[int, int]:
+    """For each batch size: how many of the report's prompts get the same greedy ids from our
+    engine and from transformers `generate`, counted here independently of the report."""
+    from aieng_core.benchmark import speed
+    from aieng_core.benchmark.benchmark_report import engine_limits
+    from aieng_core.model.hf_files import load_model
+    from aieng_core.serving.device import torch_threads
+    from aieng_core.serving.engine import Engine, EngineLimits
+    from aieng_core.tokenizer.bpe import load_tokenizer
+
+    report = read_report(benchmark_report_artifact)
+    settings, model_dir = report["settings"], trained_home.model.path
+    with torch_threads(report["environment"]["threads"]):
+        model = load_model(trained_home.model, "cpu")
+        eos = model.config.eos_token_id
+        engine = Engine(model, load_tokenizer(model_dir), EngineLimits(**engine_limits(trained_home.config)), eos)
+        theirs = speed.transformers_generate(speed.load_transformers_model(model_dir), model.config.pad_token_id)
+        agreement = {}
+        for size in settings["batch_sizes"]:
+            prompts = speed.benchmark_prompts(engine.encode, eos, size, settings["prompt_tokens"])
+            ours = speed.engine_generate(engine)(prompts, settings["new_tokens"])
+            agreement[size] = speed.matching(ours, theirs(prompts, settings["new_tokens"]))
+    return agreement
+
+
+def test_throughput_side_by_side_with_transformers(report: dict[str, Any], greedy_agreement: dict[int, int]) -> None:
     rows = report["throughput"]
     assert [row["batch_size"] for row in rows] == [1, 4]
     for row in rows:
@@ -198,7 +226,7 @@ def test_throughput_side_by_side_with_transformers(report: dict[str, Any]) -> No
         assert (
             row["ratio_vs_transformers"] == row["ours"]["tokens_per_second"] / row["transformers"]["tokens_per_second"]
         )
-        assert 0 <= row["matching_outputs"] <= size
+        assert row["matching_outputs"] == greedy_agreement[size]
 
 
 def test_latency_at_each_concurrency(report: dict[str, Any]) -> None:
@@ -232,7 +260,6 @@ def test_summary_metrics_name_every_figure(benchmark_report_artifact: Artifact, 
     assert metrics["ratio_vs_transformers_batch_1"] == report["throughput"][0]["ratio_vs_transformers"]
     assert metrics["ttft_p99_ms_concurrency_4"] == report["latency"][1]["ttft_ms"]["p99"]
     assert metrics["validation_loss"] == report["quality"]["validation_loss"]
-    assert metrics["deployed_bundle_id"] is None
     latency = {
         f"{m}_{p}_ms_concurrency_{c}" for m in ("ttft", "tpot", "itl", "e2el") for p in ("p50", "p99") for c in (1, 4)
     }
@@ -257,7 +284,6 @@ def test_summary_metrics_name_every_figure(benchmark_report_artifact: Artifact, 
         "peak_rss_bytes",
         "memory_budget_bytes",
         "within_memory_budget",
-        "deployed_bundle_id",
         *throughput,
         *latency,
     }
@@ -274,36 +300,34 @@ def test_the_same_recipe_is_reused(home_copy: ArtifactStore, benchmark_report_ar
     assert home_copy.require_current(KIND).id == again.id
 
 
-def test_the_deployed_bundle_is_measured_side_by_side(
-    home_copy: ArtifactStore, serving_bundle_artifact: BundledHome
+def test_what_production_serves_decides_nothing_in_the_report(
+    home_copy: ArtifactStore, serving_bundle_artifact: BundledHome, tmp_path: Path
 ) -> None:
+    """The report measures one model: its id names every input, and no hidden one (the bundle
+    production serves) may decide its bytes, or a reused report would carry a comparison with
+    a bundle that no longer serves. Comparing with what serves is the gate's compare step."""
     bundle = serving_bundle_artifact.bundle
     Deployments(home_copy.home).promote(bundle.id, actor="tester", verify=False)
+    config = with_benchmark(serving_bundle_artifact.config, batch_sizes=(2,), concurrencies=(1,), requests_per_level=2)
+    served = build_benchmark_report(home_copy, config)
+    text = served.file(REPORT_FILE).read_text(encoding="utf-8")
+    assert bundle.id not in text and "deployed" not in json.loads(text)
+    assert not any("deployed" in name for name in served.metrics)
+    # The same recipe in a home where nothing is deployed is the same artifact.
+    elsewhere = tmp_path / "nothing-deployed"
+    shutil.copytree(home_copy.home / "artifacts", elsewhere / "artifacts")
+    shutil.copytree(home_copy.home / "refs", elsewhere / "refs")
+    assert build_benchmark_report(ArtifactStore(elsewhere), config).id == served.id
+
+
+def test_without_transformers_our_engine_is_measured_alone(home_copy: ArtifactStore, trained_home) -> None:
     config = with_benchmark(
-        serving_bundle_artifact.config,
-        batch_sizes=(2,),
-        concurrencies=(1,),
-        requests_per_level=2,
-        compare_transformers=False,
+        trained_home.config, batch_sizes=(2,), concurrencies=(1,), requests_per_level=2, compare_transformers=False
     )
     artifact = build_benchmark_report(home_copy, config)
     report = read_report(artifact)
-    deployed = report["deployed"]
-    assert {key: deployed[key] for key in ("bundle_id", "model_checkpoint_id", "same_model")} == {
-        "bundle_id": bundle.id,
-        "model_checkpoint_id": serving_bundle_artifact.model.id,
-        "same_model": True,
-    }
-    [row] = deployed["throughput"]
-    assert set(row) == {"batch_size", "candidate", "deployed", "ratio_vs_deployed"}
-    assert row["batch_size"] == 2
-    assert_figure(row["candidate"], 2, 8)
-    assert_figure(row["deployed"], 2, 8)
-    assert row["ratio_vs_deployed"] == row["candidate"]["tokens_per_second"] / row["deployed"]["tokens_per_second"]
-    assert artifact.metrics["deployed_bundle_id"] == bundle.id
-    assert artifact.metrics["ratio_vs_deployed_batch_2"] == row["ratio_vs_deployed"]
-    # compare_transformers: false measures our engine alone.
     [ours] = report["throughput"]
+    assert_figure(ours["ours"], 2, 8)
     assert (ours["transformers"], ours["ratio_vs_transformers"], ours["matching_outputs"]) == (None, None, None)
     assert report["environment"]["transformers"] is None
     assert "ratio_vs_transformers_batch_2" not in artifact.metrics
@@ -364,7 +388,7 @@ def test_a_benchmark_that_does_not_fit_the_context_is_refused_before_loading(
     with pytest.raises(ValueError) as refused:
         build_benchmark_report(home_copy, with_benchmark(trained_home.config, prompt_tokens=60))
     assert str(refused.value) == (
-        "benchmark.prompt_tokens (60) + benchmark.new_tokens (8) exceeds serving.max_context (64)"
+        "benchmark.prompt_tokens (60) + benchmark.new_tokens (8) exceeds bundle.max_context (64)"
     )
     assert home_copy.list_ids(KIND) == before
 
@@ -391,22 +415,35 @@ def test_without_a_model_the_report_says_so(tmp_path: Path, trained_home) -> Non
         build_benchmark_report(ArtifactStore(tmp_path / "empty"), trained_home.config)
 
 
-# ---- `aieng bundle build`'s core function -------------------------------------------------------
+# ---- `aieng bundle build`: the report, then the bundle ---------------------------------------
 
 
-def test_build_report_and_bundle_reuses_both(home_copy: ArtifactStore, serving_bundle_artifact: BundledHome) -> None:
-    report, bundle = build_report_and_bundle(home_copy, serving_bundle_artifact.config)
-    assert (report.reused, bundle.reused) == (True, True)
-    assert bundle.id == serving_bundle_artifact.bundle.id
-    assert bundle.manifest["inputs"][1] == {"kind": KIND, "id": report.id}
+def bundle_build(store: ArtifactStore, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(["--home", str(store.home), "bundle", "build", "--json"])
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
-def test_build_report_and_bundle_refuses_a_partial_model_before_measuring(
-    home_copy: ArtifactStore, serving_bundle_artifact: BundledHome
+def test_bundle_build_reuses_the_report_and_the_bundle(
+    home_copy: ArtifactStore, serving_bundle_artifact: BundledHome, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = bundle_build(home_copy, capsys)
+    assert (code, err) == (0, "")
+    result = json.loads(out)
+    assert (result["reused"], result["benchmark_report"]["reused"]) == (True, True)
+    assert result["id"] == serving_bundle_artifact.bundle.id
+    bundle = home_copy.get("serving_bundle", result["id"])
+    assert bundle.manifest["inputs"][1] == {"kind": KIND, "id": result["benchmark_report"]["id"]}
+
+
+def test_bundle_build_refuses_a_partial_model_before_measuring(
+    home_copy: ArtifactStore, serving_bundle_artifact: BundledHome, capsys: pytest.CaptureFixture[str]
 ) -> None:
     base = serving_bundle_artifact.model
     craft_model(home_copy, base, "partial", {**base.metrics, "partial": True, "steps": 6, "stopped_by": "max_minutes"})
     before = home_copy.list_ids(KIND)
-    with pytest.raises(PartialModelRefused):
-        build_report_and_bundle(home_copy, serving_bundle_artifact.config)
+    code, out, err = bundle_build(home_copy, capsys)
+    assert (code, out) == (1, "")
+    assert err.startswith("aieng: error: model_checkpoint ") and "is a partial model" in err
     assert home_copy.list_ids(KIND) == before  # nothing was measured

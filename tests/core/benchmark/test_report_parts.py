@@ -92,12 +92,6 @@ def hand_made() -> dict[str, Any]:
                 "output_throughput": 123.4,
             }
         ],
-        "deployed": {
-            "bundle_id": "b1",
-            "throughput": [
-                {"batch_size": 4, "candidate": figure(310.0, 4), "deployed": figure(155.0, 4), "ratio_vs_deployed": 2.0}
-            ],
-        },
         "memory": {
             "peak_rss_bytes": 512 * 2**20,
             "budget_bytes": 2 * 2**30,
@@ -136,9 +130,6 @@ def test_summary_metrics_are_flat_and_leave_out_what_was_not_measured() -> None:
         "peak_rss_bytes": 512 * 2**20,
         "memory_budget_bytes": 2 * 2**30,
         "within_memory_budget": True,
-        "deployed_bundle_id": "b1",
-        "deployed_tokens_per_second_batch_4": 155.0,
-        "ratio_vs_deployed_batch_4": 2.0,
     }
 
 
@@ -150,10 +141,10 @@ def test_the_markdown_table_shows_every_measured_row() -> None:
         "|---|---|---|---|---|",
         "| 2.0000 | 7.39 | 3.0000 | 20.09 | 2.0000 |",
         "",
-        "| batch | ours tok/s | transformers tok/s | ours / transformers | deployed tok/s | candidate / deployed |",
-        "|---|---|---|---|---|---|",
-        "| 1 | 100.0 | 50.0 | 2.00 | n/a | n/a |",
-        "| 4 | 300.0 | n/a | n/a | 155.0 | 2.00 |",
+        "| batch | ours tok/s | transformers tok/s | ours / transformers |",
+        "|---|---|---|---|",
+        "| 1 | 100.0 | 50.0 | 2.00 |",
+        "| 4 | 300.0 | n/a | n/a |",
         "",
         "| in flight | TTFT P50 | TTFT P99 | TPOT P50 | TPOT P99 | ITL P50 | ITL P99 | E2EL P50 | E2EL P99 | tok/s |",
         "|---|---|---|---|---|---|---|---|---|---|",

@@ -7,10 +7,12 @@ import json
 import pytest
 import torch
 
-from aieng_core.bundle.golden import record_goldens, replay_goldens, torch_threads
+from aieng_core.bundle.golden import replay_goldens
 from aieng_core.bundle.serving_bundle import GOLDEN_FILE
 from aieng_core.model.hf_files import load_model
+from aieng_core.serving.device import torch_threads
 from aieng_core.serving.engine import Engine, EngineLimits
+from aieng_core.serving.greedy import greedy_continuations as record_goldens
 from aieng_core.tokenizer.bpe import load_tokenizer
 from tests.bundle_fixtures import BundledHome
 

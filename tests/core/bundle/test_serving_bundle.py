@@ -31,6 +31,10 @@ from aieng_core.tokenizer.bpe import TOKENIZER_FILES
 from tests.bundle_fixtures import BundledHome, craft_model
 
 
+def with_recipe(bundled: BundledHome, **changes):
+    return bundled.config.model_copy(update={"bundle": bundled.config.bundle.model_copy(update=changes)})
+
+
 def with_serving(bundled: BundledHome, **changes):
     return bundled.config.model_copy(update={"serving": bundled.config.serving.model_copy(update=changes)})
 
@@ -51,24 +55,19 @@ def test_bundle_holds_the_model_files_serving_json_goldens_and_benchmark(
     assert bundle.manifest["kind"] == KIND and bundle.manifest["code_version"] == CODE_VERSION
 
 
-def test_serving_json_is_the_serving_config_plus_the_eos_id(serving_bundle_artifact: BundledHome) -> None:
-    serving = serving_bundle_artifact.config.serving
+def test_serving_json_is_the_bundle_recipe_plus_the_eos_id(serving_bundle_artifact: BundledHome) -> None:
+    """Engine limits and request defaults, nothing the running server decides (serving:)."""
+    recipe = serving_bundle_artifact.config.bundle
     written = json.loads(serving_bundle_artifact.bundle.file(SERVING_FILE).read_text(encoding="utf-8"))
     config_json = json.loads(serving_bundle_artifact.model.file(CONFIG_FILE).read_text(encoding="utf-8"))
     assert written == {
         "max_batch": 16,
         "max_context": 64,
-        "max_waiting": 32,
         "max_prefill_tokens": 512,
         "default_max_new_tokens": 16,
-        "default_temperature": serving.default_temperature,
-        "default_top_k": serving.default_top_k,
-        "default_top_p": serving.default_top_p,
-        "request_timeout_s": 30.0,
-        "drain_timeout_s": 10.0,
-        "warmup_prompt_lengths": [4, 16],
-        "threads": 0,
-        "device": "auto",
+        "default_temperature": recipe.default_temperature,
+        "default_top_k": recipe.default_top_k,
+        "default_top_p": recipe.default_top_p,
         "eos_token_id": config_json["eos_token_id"],
     }
 
@@ -78,7 +77,8 @@ def test_golden_file_records_prompts_threads_and_limits(serving_bundle_artifact:
     golden = json.loads(bundle.file(GOLDEN_FILE).read_text(encoding="utf-8"))
     assert golden["device"] == "cpu"
     assert golden["threads"] == bundle.manifest["metrics"]["golden_threads"] >= 1
-    assert golden["engine_limits"] == {"max_batch": 16, "max_context": 64, "max_waiting": 32, "max_prefill_tokens": 512}
+    # Every golden waits at once: the server's queue length is not the bundle's to record.
+    assert golden["engine_limits"] == {"max_batch": 16, "max_context": 64, "max_waiting": 3, "max_prefill_tokens": 512}
     assert [o["prompt"] for o in golden["outputs"]] == ["The data pipeline", "数据清洗", "A model"]
     assert all(o["max_new_tokens"] == 8 for o in golden["outputs"])
 
@@ -91,10 +91,10 @@ def test_manifest_inputs_recipe_and_metrics(
         {"kind": "model_checkpoint", "id": model.id},
         {"kind": "benchmark_report", "id": report.id},
     ]
-    assert bundle.manifest["config_sha256"] == serving_bundle_artifact.config.section_sha256("serving")
+    assert bundle.manifest["config_sha256"] == serving_bundle_artifact.config.section_sha256("bundle")
     metrics = bundle.metrics
     assert metrics["model_checkpoint_id"] == model.id
-    # The report's figures ride along as the promotion gate's baseline.
+    # The report's figures ride along.
     assert metrics["benchmark_report_id"] == report.id
     assert metrics["benchmark"] == report.metrics
     assert metrics["benchmark"]["model_checkpoint_id"] == model.id
@@ -115,13 +115,15 @@ def test_same_inputs_config_and_code_reuse_the_bundle(serving_bundle_artifact: B
 
 
 @pytest.mark.parametrize(
-    "changes", [{"golden_max_new_tokens": 4}, {"max_batch": 8}, {"threads": 1}], ids=["goldens", "limits", "threads"]
+    "changes",
+    [{"golden_max_new_tokens": 4}, {"max_batch": 8}, {"golden_threads": 1}, {"default_temperature": 0.7}],
+    ids=["goldens", "limits", "golden-threads", "request-defaults"],
 )
-def test_a_serving_config_change_makes_a_new_bundle(
+def test_a_recipe_change_makes_a_new_bundle(
     serving_bundle_artifact: BundledHome, copy_bundled_home, changes: dict
 ) -> None:
     store = copy_bundled_home(serving_bundle_artifact)
-    new = build_serving_bundle(store, with_serving(serving_bundle_artifact, **changes))
+    new = build_serving_bundle(store, with_recipe(serving_bundle_artifact, **changes))
     assert new.reused is False
     assert new.id != serving_bundle_artifact.bundle.id
     assert store.list_ids(KIND) == sorted([new.id, serving_bundle_artifact.bundle.id])
@@ -130,6 +132,33 @@ def test_a_serving_config_change_makes_a_new_bundle(
     if "golden_max_new_tokens" in changes:
         golden = json.loads(new.file(GOLDEN_FILE).read_text(encoding="utf-8"))
         assert [len(o["token_ids"]) <= 4 for o in golden["outputs"]] == [True] * 3
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"max_waiting": 7},
+        {"request_timeout_s": 1.5},
+        {"max_request_bytes": 4096},
+        {"drain_timeout_s": 0.0},
+        {"threads": 1},
+        {"device": "cpu"},
+        {"warmup_prompt_lengths": (2,)},
+    ],
+    ids=lambda changes: next(iter(changes)),
+)
+def test_a_runtime_change_keeps_the_bundle_and_its_report(
+    serving_bundle_artifact: BundledHome, benchmark_report_artifact: Artifact, copy_bundled_home, changes: dict
+) -> None:
+    """What only the running server reads never reaches an id: raising the body limit restarts
+    a server, it does not re-measure the report, rebuild the bundle or re-gate it."""
+    store = copy_bundled_home(serving_bundle_artifact)
+    config = with_serving(serving_bundle_artifact, **changes)
+    report = build_benchmark_report(store, config)
+    bundle = build_serving_bundle(store, config)
+    assert (report.reused, report.id) == (True, benchmark_report_artifact.id)
+    assert (bundle.reused, bundle.id) == (True, serving_bundle_artifact.bundle.id)
+    assert store.list_ids(KIND) == [serving_bundle_artifact.bundle.id]
 
 
 def test_a_partial_model_is_refused_unless_allowed(serving_bundle_artifact: BundledHome, copy_bundled_home) -> None:
@@ -143,13 +172,13 @@ def test_a_partial_model_is_refused_unless_allowed(serving_bundle_artifact: Bund
     assert str(refused.value) == (
         f"model_checkpoint {partial.id} is a partial model: training stopped by max_minutes after 6 of 150 steps. "
         "Finish training first (`aieng model train`, or `dagster asset materialize -m orchestration.definitions "
-        "--select model_checkpoint`: it resumes from step 6), or set serving.allow_partial_model: true to bundle it "
+        "--select model_checkpoint`: it resumes from step 6), or set bundle.allow_partial_model: true to bundle it "
         "anyway"
     )
     assert isinstance(refused.value, ValueError)  # the CLI prints it as one line
     assert store.list_ids(KIND) == [serving_bundle_artifact.bundle.id]  # nothing new was written
 
-    allowed_config = with_serving(serving_bundle_artifact, allow_partial_model=True)
+    allowed_config = with_recipe(serving_bundle_artifact, allow_partial_model=True)
     report = build_benchmark_report(store, allowed_config)  # the partial model's own report
     allowed = build_serving_bundle(store, allowed_config)
     assert allowed.manifest["inputs"] == [
@@ -167,7 +196,7 @@ def test_a_damaged_model_is_not_bundled(serving_bundle_artifact: BundledHome, co
     data[-1] ^= 0x01
     weights.write_bytes(bytes(data))
     with pytest.raises(DamagedInput) as damaged:
-        build_serving_bundle(store, with_serving(serving_bundle_artifact, max_batch=4))
+        build_serving_bundle(store, with_recipe(serving_bundle_artifact, max_batch=4))
     assert f"{weights}: sha256 does not match the manifest" in str(damaged.value)
     assert store.list_ids(KIND) == [serving_bundle_artifact.bundle.id]
 
@@ -186,7 +215,7 @@ def test_produce_bundle_files_needs_only_the_artifacts_directories(
     produced = produce_bundle_files(
         staging,
         Artifact("model_checkpoint", model.id, alone, manifest),
-        serving_bundle_artifact.config.serving,
+        serving_bundle_artifact.config.bundle,
         threads,
         benchmark_report_artifact,
     )
@@ -201,7 +230,7 @@ def test_produce_bundle_files_needs_only_the_artifacts_directories(
     bare = tmp_path / "bare"
     bare.mkdir()
     produced = produce_bundle_files(
-        bare, Artifact("model_checkpoint", model.id, alone, manifest), serving_bundle_artifact.config.serving, threads
+        bare, Artifact("model_checkpoint", model.id, alone, manifest), serving_bundle_artifact.config.bundle, threads
     )
     assert sorted(p.name for p in bare.iterdir()) == sorted(BUNDLE_FILES)
     assert produced.content_sha256 == bundle.content_sha256
@@ -209,9 +238,9 @@ def test_produce_bundle_files_needs_only_the_artifacts_directories(
 
 
 def test_a_context_beyond_the_model_is_refused(serving_bundle_artifact: BundledHome, tmp_path: Path) -> None:
-    serving = serving_bundle_artifact.config.serving.model_copy(update={"max_context": 128})
-    with pytest.raises(ValueError, match=r"serving.max_context \(128\) exceeds the model's max_position_embeddings"):
-        produce_bundle_files(tmp_path, serving_bundle_artifact.model, serving, 1)
+    recipe = serving_bundle_artifact.config.bundle.model_copy(update={"max_context": 128})
+    with pytest.raises(ValueError, match=r"bundle.max_context \(128\) exceeds the model's max_position_embeddings"):
+        produce_bundle_files(tmp_path, serving_bundle_artifact.model, recipe, 1)
 
 
 def test_content_hash_is_of_the_file_hashes(serving_bundle_artifact: BundledHome) -> None:
@@ -237,7 +266,7 @@ def test_a_report_of_another_model_is_refused_naming_both(
     assert store.list_ids(KIND) == [serving_bundle_artifact.bundle.id]  # nothing new was written
     # produce_bundle_files refuses it too, whoever calls it.
     with pytest.raises(BenchmarkReportMismatch):
-        produce_bundle_files(tmp_path, other, serving_bundle_artifact.config.serving, 1, report)
+        produce_bundle_files(tmp_path, other, serving_bundle_artifact.config.bundle, 1, report)
     assert list(tmp_path.glob("*.json")) == []  # refused before anything was written
 
 
@@ -247,7 +276,7 @@ def test_without_a_benchmark_report_the_bundle_says_how_to_make_one(
     store = copy_bundled_home(serving_bundle_artifact)
     shutil.rmtree(store.refs / "benchmark_report")
     with pytest.raises(ArtifactNotFound) as missing:
-        build_serving_bundle(store, with_serving(serving_bundle_artifact, max_batch=4))
+        build_serving_bundle(store, with_recipe(serving_bundle_artifact, max_batch=4))
     assert str(missing.value) == (
         "benchmark_report has not been materialized yet: a bundle carries its model's benchmark report. Materialize "
         "it first (`dagster asset materialize -m orchestration.definitions --select benchmark_report`), then retry"
@@ -260,7 +289,7 @@ def test_a_damaged_report_is_not_bundled(serving_bundle_artifact: BundledHome, c
     report = store.require_current("benchmark_report").file(REPORT_FILE)
     report.write_text(report.read_text(encoding="utf-8").replace('"truncated": false', '"truncated": true'))
     with pytest.raises(DamagedInput) as damaged:
-        build_serving_bundle(store, with_serving(serving_bundle_artifact, max_batch=4))
+        build_serving_bundle(store, with_recipe(serving_bundle_artifact, max_batch=4))
     assert f"{report}: sha256 does not match the manifest" in str(damaged.value)
     assert store.list_ids(KIND) == [serving_bundle_artifact.bundle.id]
 

@@ -54,7 +54,7 @@ def test_load_bundle_gives_a_working_engine(serving_bundle_artifact: BundledHome
     assert (loaded.bundle_id, loaded.path, loaded.manifest) == (bundle.id, bundle.path, bundle.manifest)
     assert loaded.serving == json.loads(bundle.file(SERVING_FILE).read_text(encoding="utf-8"))
     assert loaded.eos_token_id == loaded.serving["eos_token_id"] == loaded.model.config.eos_token_id
-    engine = loaded.make_engine()
+    engine = loaded.make_engine(max_waiting=32)  # the queue is the server's (serving.max_waiting)
     assert (engine.limits.max_batch, engine.limits.max_context, engine.limits.max_waiting) == (16, 64, 32)
     assert engine.limits.max_prefill_tokens == 512
     outputs = engine.generate([g["prompt"] for g in loaded.golden], SamplingParams(max_new_tokens=8))
@@ -166,7 +166,7 @@ def test_a_directory_that_is_not_a_bundle(serving_bundle_artifact: BundledHome, 
 @pytest.mark.parametrize(
     "name, content, expected",
     [
-        (SERVING_FILE, {"max_batch": 16}, "needs integer max_batch, max_context, max_waiting"),
+        (SERVING_FILE, {"max_batch": 16}, "needs integer max_batch, max_context, max_prefill_tokens, eos_token_id"),
         (GOLDEN_FILE, {"threads": 1, "outputs": [{"prompt": "x"}]}, "not a golden file"),
         (GOLDEN_FILE, [], "not a golden file"),
         (SERVING_FILE, "{not json", "unreadable: "),
@@ -194,3 +194,17 @@ def test_a_golden_the_engine_refuses_is_named(serving_bundle_artifact: BundledHo
     rehash(path, GOLDEN_FILE)
     [problem] = verify_bundle(path)["problems"]
     assert problem.startswith(f"{path / GOLDEN_FILE}: the engine refuses a golden: max_new_tokens: ")
+
+
+def test_a_bundle_from_before_the_recipe_split_still_loads(serving_bundle_artifact: BundledHome, copy_bundle) -> None:
+    """serving_bundle-v3 wrote the server's settings into serving.json too (max_waiting,
+    timeouts, threads, device): such a bundle is still what a rollback may need, so it loads,
+    and what it says of the server's settings is not read."""
+    path = copy_bundle(serving_bundle_artifact.bundle)
+    serving = json.loads((path / SERVING_FILE).read_text(encoding="utf-8"))
+    older = {**serving, "max_waiting": 2, "request_timeout_s": 0.001, "drain_timeout_s": 0.0, "threads": 99}
+    (path / SERVING_FILE).write_text(json.dumps(older), encoding="utf-8")
+    rehash(path, SERVING_FILE)
+    assert verify_bundle(path)["ok"] is True
+    loaded = load_bundle(path)
+    assert loaded.make_engine(max_waiting=32).limits.max_waiting == 32

@@ -1,7 +1,7 @@
 """Tests of aieng_core.deploy, and the two real serving bundles they deploy.
 
 Bundle A is the session's serving bundle (tests/bundle_fixtures.py); bundle B is a real build
-of the same model with another `serving:` section (max_batch 8), so it has another id and
+of the same model with another `bundle:` section (max_batch 8), so it has another id and
 verifies on its own. Each test gets a home of its own holding copies of both bundles.
 """
 
@@ -35,8 +35,8 @@ def build_bundle_pair(root: Path, bundled: BundledHome) -> BundlePair:
     home = root / "pair-home"
     shutil.copytree(bundled.home, home)
     store = ArtifactStore(home)
-    serving = bundled.config.serving.model_copy(update={"max_batch": 8})
-    b = build_serving_bundle(store, bundled.config.model_copy(update={"serving": serving}))
+    recipe = bundled.config.bundle.model_copy(update={"max_batch": 8})
+    b = build_serving_bundle(store, bundled.config.model_copy(update={"bundle": recipe}))
     a = store.get(KIND, bundled.bundle.id)
     assert a.id != b.id
     assert store.verify(a) == [] and store.verify(b) == []

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from aieng_core.bundle.serving_bundle import KIND
-from aieng_core.deploy.cli import add_deploy_parser
+from aieng_core.cli.deploy import add_parsers as add_deploy_parser
 from aieng_core.deploy.deployments import Deployments
 from tests.bundle_fixtures import BundledHome
 from tests.conftest import TINY_CONFIG
@@ -266,9 +266,6 @@ def test_gate_of_what_production_serves_is_refused(
     Deployments(deploy_home).promote(pair.a.id, verify=False)
     code, out, err = run(capsys, "--home", str(deploy_home), "--config", str(TINY_CONFIG), "deploy", "gate", pair.a.id)
     assert (code, out) == (1, "")
-    assert (
-        err
-        == f"aieng: error: serving_bundle {pair.a.id} is already what production serves (sequence 1); nothing to gate\n"
-    )
+    assert err == f"aieng: error: production already serves serving_bundle {pair.a.id} (sequence 1): nothing to gate\n"
     code, _, err = run(capsys, "--home", str(deploy_home), "deploy", "gate", "0123456789abcdef")
     assert code == 1 and "0123456789abcdef" in err and err.count("\n") == 1

@@ -19,16 +19,11 @@ from typing import Any
 import pytest
 
 from aieng_core.bundle.serving_bundle import BUNDLE_FILES, GOLDEN_FILE, KIND
-from aieng_core.deploy import deployments as deployments_module
-from aieng_core.deploy.deployments import (
-    DeploymentError,
-    Deployments,
-    DeploymentStateError,
-    default_actor,
-    unapplied_sequences,
-)
+from aieng_core.deploy.deployments import DeploymentError, Deployments, DeploymentStateError, default_actor
 from aieng_core.hashing import canonical_json, sha256_file
+from aieng_core.store import pointers as pointers_module
 from aieng_core.store.artifacts import MANIFEST
+from aieng_core.store.pointers import unapplied_sequences
 from tests.bundle_fixtures import BundledHome
 from tests.conftest import REPO_ROOT
 from tests.core.deploy import BundlePair, build_bundle_pair, home_with_bundles, replay
@@ -401,17 +396,17 @@ def test_a_crash_between_the_two_writes_leaves_an_unapplied_line(
 ) -> None:
     deployments = Deployments(deploy_home)
     deployments.promote(pair.a.id, actor="tester", verify=False)
-    real_write = deployments_module.atomic_write_bytes
+    real_write = pointers_module.atomic_write_bytes
 
     def crash_before_current(path: Path, data: bytes) -> None:
         if path.name == "current.json":
             raise OSError("the machine lost power")
         real_write(path, data)
 
-    monkeypatch.setattr(deployments_module, "atomic_write_bytes", crash_before_current)
+    monkeypatch.setattr(pointers_module, "atomic_write_bytes", crash_before_current)
     with pytest.raises(OSError, match="lost power"):
         deployments.promote(pair.b.id, actor="tester", verify=False)
-    monkeypatch.setattr(deployments_module, "atomic_write_bytes", real_write)
+    monkeypatch.setattr(pointers_module, "atomic_write_bytes", real_write)
 
     # current.json is the truth: A is still current; the dangling line is reported.
     status = deployments.status()

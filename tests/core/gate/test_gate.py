@@ -27,7 +27,7 @@ from tests.core.deploy import BundlePair, build_bundle_pair, home_with_bundles, 
 
 pytestmark = pytest.mark.e2e
 
-STEPS = ["verify", "warmup", "stress", "drill", "promote"]
+STEPS = ["verify", "warmup", "compare", "stress", "drill", "promote"]
 LEVELS = {"concurrency=1", "concurrency=4", "poisson=8"}  # configs/tiny.yaml's gate: section
 
 
@@ -77,10 +77,10 @@ def test_a_first_deployment_passes_every_step_and_promotes(gated: Gated) -> None
     assert (event["actor"], event["reason"], event["dagster_run_id"]) == ("gate-test", PROMOTE_REASON, "run-a")
     assert event == report.event
     figures = event["figures"]
-    assert set(figures) == {"verify", "warmup", "stress", "drill", "gate"}
-    assert {name: figures[name] for name in STEPS[:4]} == {s.name: s.figures for s in report.steps[:4]}
+    assert set(figures) == {"verify", "warmup", "compare", "stress", "drill", "gate"}
+    assert {name: figures[name] for name in STEPS[:5]} == {s.name: s.figures for s in report.steps[:5]}
     assert figures["gate"]["report"] == report.path
-    assert figures["gate"]["step_seconds"].keys() == set(STEPS[:4])
+    assert figures["gate"]["step_seconds"].keys() == set(STEPS[:5])
     # The report on disk is the report returned.
     assert read_report(Path(report.path)) == report.as_dict()
     assert Path(report.path).parent == reports_dir(gated.home)
@@ -97,6 +97,30 @@ def test_verify_and_warmup_figures(gated: Gated) -> None:
     assert 0 < warmup["peak_memory_bytes"] == warmup["rss_increase_bytes"] < warmup["memory_budget_bytes"]
     # weights x 1.3 + 2 GiB (model/memory.py rounds to 1e-4 GiB)
     assert abs(warmup["memory_budget_bytes"] - (warmup["weights_bytes"] * 1.3 + 2 * 2**30)) < 2**20
+
+
+def test_compare_measures_the_candidate_beside_what_serves(gated: Gated) -> None:
+    """Candidate versus deployed is the gate's question, measured in the same run: nothing to
+    compare on a first deployment; then B beside A at each benchmark.batch_sizes."""
+    first = gated.first.step("compare").figures
+    assert (first["deployed_bundle_id"], first["throughput"]) == (None, [])
+    assert first["note"].startswith("first deployment")
+    second = gated.second.step("compare").figures
+    assert (second["deployed_bundle_id"], second["same_model"]) == (gated.pair.a.id, True)  # A, B: one model
+    assert [row["batch_size"] for row in second["throughput"]] == [1, 4]  # configs/tiny.yaml's benchmark:
+    for row in second["throughput"]:
+        for side in ("candidate", "deployed"):
+            figure = row[side]
+            assert (figure["requests"], figure["tokens"], len(figure["runs"])) == (
+                row["batch_size"],
+                row["batch_size"] * 8,
+                3,
+            )
+            assert figure["min_tokens_per_second"] <= figure["tokens_per_second"] <= figure["max_tokens_per_second"]
+        assert row["ratio_vs_deployed"] == pytest.approx(
+            row["candidate"]["tokens_per_second"] / row["deployed"]["tokens_per_second"], rel=1e-5
+        )
+    assert second["note"].startswith(f"candidate / deployed {gated.pair.a.id} tokens/s, measured now: batch 1: ")
 
 
 def test_stress_figures_at_every_level(gated: Gated) -> None:
@@ -195,19 +219,24 @@ def test_a_gate_that_fails_at_stress_leaves_production_serving(gated: Gated) -> 
     assert "above gate.slo_ttft_p99_ms" in str(exc)
     report = exc.report
     assert report is not None and not report.passed
-    assert [(s.name, s.passed) for s in report.steps] == [("verify", True), ("warmup", True), ("stress", False)]
+    assert [(s.name, s.passed) for s in report.steps] == [
+        ("verify", True),
+        ("warmup", True),
+        ("compare", True),
+        ("stress", False),
+    ]
     stress = report.step("stress").figures
     assert {v["figure"] for v in stress["violations"]} == {f"{level}.ttft_ms.p99" for level in LEVELS}
     assert stress["server"]["exit_code"] == 0
     on_disk = read_report(Path(report.path))
     assert on_disk["failure"]["figure"] == "concurrency=1.ttft_ms.p99" and on_disk["passed"] is False
-    assert on_disk["steps"][2]["figures"]["levels"].keys() == LEVELS
+    assert on_disk["steps"][3]["figures"]["levels"].keys() == LEVELS
     # Production and the drill pointer are exactly as they were.
     assert production.status() == before and drill.status() == drill_before
 
 
 def test_production_already_serving_the_bundle_is_not_gated(gated: Gated) -> None:
-    with pytest.raises(DeploymentError, match="already what production serves"):
+    with pytest.raises(DeploymentError, match="production already serves serving_bundle .* nothing to gate"):
         run_gate(gated.home, load_config(TINY_CONFIG), gated.pair.b.id)
 
 

@@ -29,7 +29,7 @@ def test_the_pointer_reaches_the_server(monkeypatch: pytest.MonkeyPatch, tmp_pat
         seen.update(kwargs)
         return 0
 
-    monkeypatch.setattr("aieng_core.serving.server.run_server", fake_run_server)
+    monkeypatch.setattr("aieng_core.serving.http.server.run_server", fake_run_server)
     assert cli.main(["--home", str(tmp_path), "serve", "--deployment", "current", "--pointer", "drill"]) == 0
     assert (seen["pointer"], seen["follow_home"], seen["bundle_path"]) == ("drill", tmp_path.resolve(), None)
     assert cli.main(["--home", str(tmp_path), "serve", "--deployment", "current"]) == 0

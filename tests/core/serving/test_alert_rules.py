@@ -18,8 +18,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from aieng_core.serving.http_app import ENDPOINTS, GENERATION_ENDPOINTS
-from aieng_core.serving.metrics import REJECT_REASONS, ServingMetrics
+from aieng_core.serving.http.metrics import ENDPOINTS, GENERATION_ENDPOINTS, REJECT_REASONS, ServingMetrics
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 ALERTS_FILE = REPO_ROOT / "configs" / "alerts.yml"

@@ -10,8 +10,8 @@ import logging
 import pytest
 from pydantic import ValidationError
 
-from aieng_core.serving.api_models import CompletionRequest, GenerateRequest, PredictRequest, RequestDefaults
-from aieng_core.serving.logs import JsonFormatter, bind_request, unbind_request
+from aieng_core.serving.http.api_models import CompletionRequest, GenerateRequest, PredictRequest, RequestDefaults
+from aieng_core.serving.http.logs import JsonFormatter, bind_request, unbind_request
 from aieng_core.serving.request import SamplingParams
 
 

@@ -3,12 +3,15 @@ and leave at step boundaries, stops and limits, cancellation, and the threaded l
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
 import torch
 
-from aieng_core.serving.engine import EngineLoop
+from aieng_core.model.llama import LlamaForCausalLM
+from aieng_core.serving.engine import Engine, EngineLimits
+from aieng_core.serving.engine_loop import EngineLoop, EngineStopped
 from aieng_core.serving.request import RequestError, SamplingParams
 from aieng_core.serving.scheduler import QueueFull
 
@@ -40,6 +43,48 @@ def test_greedy_batch_of_16_equals_generate_greedy_one_prompt_at_a_time(make_eng
         expected = tiny_model.generate_greedy(torch.tensor([prompt]), 20)[0, len(prompt) :].tolist()
         assert list(output.token_ids) == expected
     assert engine.pool.free_slots == 16
+
+
+def test_decode_rows_go_back_to_their_requests_when_slots_are_reused_out_of_order(tiny_model, tiny_tokenizer) -> None:
+    # A randomly initialised model of the tiny shape: its greedy continuation of each of these
+    # prompts is a token of its own (the trained one answers most prompts with the same blank
+    # line), so a token handed to the wrong request changes that request's output.
+    torch.manual_seed(5)
+    model = LlamaForCausalLM(tiny_model.config).eval()
+    engine = Engine(model, tiny_tokenizer, EngineLimits(4, 64, 64, 512), tiny_model.config.eos_token_id)
+    prompts = [engine.encode(p) for p in PROMPTS]
+    new_tokens = [9, 2, 12, 5, 7, 3, 10, 4]  # distinct, so requests finish at different steps
+    expected = [model.generate_greedy(torch.tensor([p]), n)[0, len(p) :].tolist() for p, n in zip(prompts, new_tokens)]
+    assert len({tuple(e[:2]) for e in expected}) == len(expected)  # no two requests could swap unseen
+
+    decode_slots: list[list[int]] = []
+    real_run = engine.runner.run
+
+    def recording_run(plan):
+        decode_slots.append([r.slot for r in plan.decode])
+        return real_run(plan)
+
+    engine.runner.run = recording_run
+    # Four at once, then the rest as earlier ones finish: a newcomer takes the lowest free
+    # slot, below requests admitted before it, so decode order (admission) is not slot order.
+    arrivals = {0: [0, 1, 2, 3], 2: [4], 5: [5, 6], 7: [7]}
+    finals = {}
+    step = 0
+    while step <= max(arrivals) or engine.has_work:
+        for n in arrivals.get(step, []):
+            params = SamplingParams(max_new_tokens=new_tokens[n], ignore_eos=True)
+            engine.add_request(f"r{n}", prompts[n], params)
+        for request, output in engine.step():
+            if output.finished:
+                finals[request.request_id] = output
+        step += 1
+
+    assert any(slots != sorted(slots) for slots in decode_slots), decode_slots
+    assert any(len(slots) < max(slots, default=-1) + 1 for slots in decode_slots), decode_slots  # idle rows too
+    for n, tokens in enumerate(expected):
+        assert finals[f"r{n}"].finish_reason == "length"
+        assert list(finals[f"r{n}"].token_ids) == tokens, f"request r{n}"
+    assert engine.pool.free_slots == 4
 
 
 @pytest.mark.parametrize("batch", [1, 16])
@@ -134,18 +179,56 @@ def test_prompt_plus_max_new_tokens_beyond_max_context_is_refused_not_truncated(
     assert empty.value.field == "prompt"
 
 
-def test_streamed_text_equals_the_final_text_and_never_splits_a_character(make_engine) -> None:
+# Two-, three- and four-byte characters and a zero-width joiner: the tiny tokenizer cuts most of
+# them into one token per byte (and one of its merges, b"\xe2\x80", ends inside a character).
+MULTIBYTE_TEXTS = {"zh": "数据清洗，模型训练。", "emoji": "naïve café 😀🎉 👩\u200d💻 über"}
+
+
+def whole_characters_by_token(tokenizer, ids: list[int]) -> list[str]:
+    """What each token completes: the text of the whole characters its bytes end, decoded by
+    the tokenizer itself (a prefix ending inside a character decodes to trailing U+FFFD)."""
+    pieces, emitted = [], ""
+    for n in range(1, len(ids) + 1):
+        complete = tokenizer.decode(ids[:n]).rstrip("\ufffd")
+        pieces.append(complete[len(emitted) :])
+        emitted = complete
+    return pieces
+
+
+def test_streamed_text_equals_the_final_text_and_never_splits_a_character(make_engine, monkeypatch) -> None:
     engine = make_engine()
-    request = engine.add_request("zh", "数据清洗", SamplingParams(max_new_tokens=40, ignore_eos=True))
-    pieces, final = [], None
+    scripts = {name: engine.encode(text) for name, text in MULTIBYTE_TEXTS.items()}
+    # The tiny model never writes such text by itself: each step runs the real forward and
+    # sampling, then hands each request the next token of its script instead.
+    real_run = engine.runner.run
+
+    def scripted_run(plan):
+        result = real_run(plan)
+        forced = tuple(scripts[r.request_id][len(r.output_ids)] for r in (*plan.prefill, *plan.decode))
+        return dataclasses.replace(result, tokens=forced)
+
+    monkeypatch.setattr(engine.runner, "run", scripted_run)
+    for name, ids in scripts.items():
+        engine.add_request(name, "数据清洗", SamplingParams(max_new_tokens=len(ids), ignore_eos=True))
+    pieces: dict[str, list[str]] = {name: [] for name in scripts}
+    finals = {}
     while engine.has_work:
-        for _, output in engine.step():
-            pieces.append(output.new_text)
-            final = output
-    assert final is not None and final.finished and request.finished
-    assert "".join(pieces) == final.text
-    for piece in pieces:
-        piece.encode("utf-8")  # a lone surrogate or half character would raise
+        for request, output in engine.step():
+            pieces[request.request_id].append(output.new_text)
+            if output.finished:
+                finals[request.request_id] = output
+
+    for name, text in MULTIBYTE_TEXTS.items():
+        ids, streamed, final = scripts[name], pieces[name], finals[name]
+        assert final.finish_reason == "length" and list(final.token_ids) == ids
+        expected = whole_characters_by_token(engine.tokenizer, ids)
+        assert "".join(expected) == text
+        # The case in question: tokens that end inside a character, so their step emits nothing yet.
+        assert expected.count("") >= 5, expected
+        # Each step streams exactly the characters its token completed, never part of one.
+        assert streamed == expected
+        assert not any("\ufffd" in piece for piece in streamed)
+        assert "".join(streamed) == final.text == text
 
 
 def test_a_seeded_sampled_request_is_reproducible_whatever_shares_its_batch(make_engine) -> None:
@@ -299,5 +382,5 @@ def test_an_engine_loop_that_fails_fails_its_requests_and_refuses_new_ones(make_
     assert [o.finish_reason for o in finals] == ["error"] and finals[0].finished
     loop._thread.join(30)
     assert not loop.running
-    with pytest.raises(RuntimeError, match="stopping"):
+    with pytest.raises(EngineStopped, match="the engine loop is stopped"):
         loop.submit("b", "Once", SamplingParams(max_new_tokens=4), lambda o: None)

@@ -7,6 +7,7 @@ import math
 from collections import Counter
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -149,6 +150,37 @@ def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
     assert sorted(nucleus) == [0, 1]  # 0.5 < 0.6 <= 0.8
     assert dict(first_only) == {0: 200}
     assert sorted(everything) == [0, 1, 2]
+
+
+# Binary fractions: their logs go through softmax and cumsum exactly in float32, so the
+# cumulative mass is exactly 0.5, 0.75, 0.875, 1.0 and a cut at p = 0.75 is a tie, not a rounding.
+EXACT = [1 / 2, 1 / 4, 1 / 8, 1 / 8]
+ABOVE_THREE_QUARTERS = float(np.nextafter(np.float32(0.75), np.float32(1.0)))  # 0.75 + 2**-24
+
+
+def test_binary_fraction_probabilities_are_exact_in_float32() -> None:
+    probs = torch.softmax(torch.tensor([math.log(p) for p in EXACT]), dim=-1)
+
+    assert probs.tolist() == EXACT
+    assert torch.cumsum(probs, dim=-1).tolist() == [0.5, 0.75, 0.875, 1.0]
+
+
+def test_top_p_of_exactly_the_mass_of_a_prefix_keeps_that_prefix_and_nothing_more() -> None:
+    # 1/2 + 1/4 reaches 0.75 exactly: the first two tokens are the smallest prefix reaching p.
+    at_p = draw_counts(EXACT, SamplingParams(temperature=1.0, top_p=0.75, seed=11), draws=3000)
+    # Renormalised 1/2 : 1/4 -> 2/3 : 1/3; the third token (1/8 of the mass) is never drawn.
+    assert sorted(at_p) == [0, 1]
+    assert abs(at_p[0] / 3000 - 2 / 3) < 0.03
+    half = draw_counts(EXACT, SamplingParams(temperature=1.0, top_p=0.5, seed=11), draws=300)
+    assert dict(half) == {0: 300}  # 1/2 reaches 0.5 on its own
+
+
+def test_top_p_just_above_the_mass_of_a_prefix_keeps_one_token_more() -> None:
+    # The smallest float32 above 0.75: 1/2 + 1/4 no longer reaches it, 1/2 + 1/4 + 1/8 does.
+    above = draw_counts(EXACT, SamplingParams(temperature=1.0, top_p=ABOVE_THREE_QUARTERS, seed=11), draws=3000)
+    # Renormalised 4/7 : 2/7 : 1/7; the fourth token (the other 1/8) is never drawn.
+    assert sorted(above) == [0, 1, 2]
+    assert abs(above[2] / 3000 - 1 / 7) < 0.03
 
 
 def test_top_k_applies_before_top_p() -> None:

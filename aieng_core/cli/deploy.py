@@ -1,0 +1,199 @@
+"""`aieng deploy status|promote BUNDLE_ID|rollback`: the deployment pointer from the command line.
+
+`add_parsers(commands)` adds the `deploy` command to the `aieng` parser; each handler
+takes the parsed arguments (the global `--home` among them) and returns the exit code.
+Every `--json` output is one JSON document on stdout: the pointer's status
+(`{pointer, sequence, current, previous, stack, history, unapplied, torn_tail}`), plus the
+`event` recorded for promote and rollback. A refusal prints one line on stderr and exits 1,
+with nothing on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from aieng_core.deploy.deployments import DEFAULT_POINTER, Deployments
+from aieng_core.home import resolve_home
+from aieng_core.output import emit
+
+HISTORY_SHOWN = 10
+
+
+def _refused(exc: Exception) -> int:
+    message = " ".join(str(exc).split("\n"))
+    print(f"aieng: error: {message}", file=sys.stderr)
+    return 1
+
+
+def _deployments(args: argparse.Namespace) -> Deployments:
+    return Deployments(resolve_home(args.home), args.pointer)
+
+
+def _event_line(event: dict[str, Any], unapplied: bool = False) -> str:
+    what = f"{event['from'] or '(none)'} -> {event['to'] or '(none)'}"
+    line = f"  #{event['sequence']:<4} {event['time']}  {event['action']:<8} {what}  by {event['actor']}"
+    if event["reason"]:
+        line += f": {event['reason']}"
+    if unapplied:
+        line += "  [unapplied: the change never reached current.json]"
+    return line
+
+
+def format_status(status: dict[str, Any]) -> str:
+    current, previous = status["current"], status["previous"]
+    lines = [f"deployment pointer {status['pointer']} (sequence {status['sequence']})"]
+    if current is None:
+        lines.append("  current:  (no bundle deployed)")
+    else:
+        lines.append(f"  current:  {current['bundle_id']} since {current['since']}")
+        missing = "" if current["in_store"] else "  [not in the store: it cannot be served]"
+        lines.append(f"            {current['bundle_path']}{missing}")
+    if previous is None:
+        lines.append("  previous: (none: nothing to roll back to)")
+    else:
+        missing = "" if previous["in_store"] else "  [not in the store: a rollback is refused]"
+        lines.append(f"  previous: {previous['bundle_id']} (a rollback makes it current again){missing}")
+    history = status["history"]
+    shown = history[-HISTORY_SHOWN:]
+    if not history:
+        lines.append("history: empty")
+    else:
+        earlier = f", the last {len(shown)} shown" if len(shown) < len(history) else ""
+        lines.append(f"history: {len(history)} changes{earlier}")
+        unapplied = set(status["unapplied"])
+        lines += [_event_line(event, event["sequence"] in unapplied) for event in shown]
+    if status["torn_tail"] is not None:
+        torn = status["torn_tail"]
+        lines.append(
+            f"  warning: line {torn['line']} of the history is incomplete ({torn['bytes']} bytes): "
+            "a crash cut an append short; it is no record (the next change moves it aside)"
+        )
+    return "\n".join(lines)
+
+
+def _format_change(result: dict[str, Any]) -> str:
+    event = result["event"]
+    verb = "promoted" if event["action"] == "promote" else "rolled back"
+    head = f"{verb} {result['pointer']}: {event['from'] or '(none)'} -> {event['to'] or '(none)'}"
+    return f"{head} (sequence {event['sequence']})\n" + format_status(result)
+
+
+def cmd_deploy_status(args: argparse.Namespace) -> int:
+    try:
+        status = _deployments(args).status()
+    except (ValueError, OSError) as exc:  # refusals, and a state dir we may not write
+        return _refused(exc)
+    emit(status, args.json, format_status)
+    return 0
+
+
+def cmd_deploy_promote(args: argparse.Namespace) -> int:
+    try:
+        deployments = _deployments(args)
+        event = deployments.promote(args.bundle_id, reason=args.reason)
+        result = {"event": event, **deployments.status()}
+    except (ValueError, OSError) as exc:  # refusals, and a state dir we may not write
+        return _refused(exc)
+    emit(result, args.json, _format_change)
+    return 0
+
+
+def cmd_deploy_rollback(args: argparse.Namespace) -> int:
+    try:
+        deployments = _deployments(args)
+        event = deployments.rollback(reason=args.reason, allow_empty=args.allow_empty)
+        result = {"event": event, **deployments.status()}
+    except (ValueError, OSError) as exc:  # refusals, and a state dir we may not write
+        return _refused(exc)
+    emit(result, args.json, _format_change)
+    return 0
+
+
+def _format_gate(report: dict[str, Any]) -> str:
+    lines = [f"gate of serving_bundle {report['bundle_id']}: {'PASSED' if report['passed'] else 'FAILED'}"]
+    for step in report["steps"]:
+        lines.append(f"  {step['name']:<8} passed in {step['seconds']:.1f} s")
+    if report["failure"] is not None:
+        lines.append(f"  {report['failure']['step']:<8} FAILED: {report['failure']['message']}")
+    if report["event"] is not None:
+        event = report["event"]
+        lines.append(
+            f"promoted production: {event['from'] or '(none)'} -> {event['to']} (sequence {event['sequence']})"
+        )
+    lines.append(f"report: {report['path']}")
+    return "\n".join(lines)
+
+
+def cmd_deploy_gate(args: argparse.Namespace) -> int:
+    """The promotion gate from the command line: what production_deployment runs in Dagster."""
+    from aieng_core.asset_keys import SERVING_BUNDLE as BUNDLE_KIND
+    from aieng_core.config import load_config
+    from aieng_core.gate.production_deployment import run_gate
+    from aieng_core.gate.report import GateFailed
+    from aieng_core.store import ArtifactStore
+
+    home = resolve_home(args.home)
+    try:
+        bundle_id = args.bundle_id or ArtifactStore(home).require_current(BUNDLE_KIND).id
+        report = run_gate(home, load_config(args.config), bundle_id).as_dict()
+    except GateFailed as exc:
+        if exc.report is None:
+            return _refused(exc)
+        if args.json:
+            emit(exc.report.as_dict(), True, _format_gate)
+        print(f"aieng: error: {exc} (report: {exc.report.path}); production unchanged", file=sys.stderr)
+        return 1
+    except (ValueError, OSError, LookupError) as exc:  # refusals, a missing bundle, unwritable state
+        return _refused(exc)
+    emit(report, args.json, _format_gate)
+    return 0
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--pointer",
+        default=DEFAULT_POINTER,
+        metavar="NAME",
+        help=f"deployment pointer (default {DEFAULT_POINTER}; the gate's drill uses its own)",
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
+
+
+def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `deploy status|promote|rollback` to the `aieng` subcommands."""
+    deploy = commands.add_parser(
+        "deploy", help="the deployment pointer: which serving bundle is current, promote, roll back"
+    )
+    deploy_commands = deploy.add_subparsers(dest="deploy_command", required=True, metavar="SUBCOMMAND")
+
+    status = deploy_commands.add_parser("status", help="the current bundle, the previous one and the recent history")
+    _common(status)
+    status.set_defaults(handler=cmd_deploy_status)
+
+    promote = deploy_commands.add_parser(
+        "promote", help="verify a serving bundle (hashes, model, goldens), then make it current"
+    )
+    promote.add_argument("bundle_id", metavar="BUNDLE_ID", help="a serving_bundle id (`aieng bundle current`)")
+    promote.add_argument("--reason", default="", metavar="TEXT", help="why, recorded in the history")
+    _common(promote)
+    promote.set_defaults(handler=cmd_deploy_promote)
+
+    rollback = deploy_commands.add_parser("rollback", help="make the previous bundle current again")
+    rollback.add_argument("--reason", default="", metavar="TEXT", help="why, recorded in the history")
+    rollback.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="with no previous bundle, roll back to no bundle at all (the server then serves nothing)",
+    )
+    _common(rollback)
+    rollback.set_defaults(handler=cmd_deploy_rollback)
+
+    gate = deploy_commands.add_parser(
+        "gate",
+        help="run the promotion gate (verify, warmup, compare, stress, drill) on a bundle, and promote it if it passes",
+    )
+    gate.add_argument("bundle_id", nargs="?", metavar="BUNDLE_ID", help="default: the current serving_bundle")
+    gate.add_argument("--json", action="store_true", help="one JSON document on stdout: the gate's report")
+    gate.set_defaults(handler=cmd_deploy_gate)

@@ -1,0 +1,49 @@
+"""`aieng serve --bundle PATH | --deployment current [--pointer NAME]`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from aieng_core.config import load_config
+from aieng_core.home import resolve_home
+from aieng_core.store.pointers import PRODUCTION, validate_pointer_name
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from aieng_core.serving.http.server import run_server
+
+    if args.pointer is not None and not args.deployment:
+        raise ValueError("--pointer names the deployment pointer to follow: use it with --deployment current")
+    pointer = validate_pointer_name(args.pointer or PRODUCTION)
+    return run_server(
+        bundle_path=Path(args.bundle) if args.bundle else None,
+        host=args.host,
+        port=args.port,
+        config=load_config(args.config),
+        log_level=args.log_level,
+        follow_home=resolve_home(args.home) if args.deployment else None,
+        pointer=pointer,
+    )
+
+
+def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    serve = commands.add_parser("serve", help="serve a bundle over HTTP (OpenAI-compatible completions)")
+    serving_what = serve.add_mutually_exclusive_group(required=True)
+    serving_what.add_argument("--bundle", help="the serving bundle directory (`aieng bundle current --path`)")
+    serving_what.add_argument(
+        "--deployment",
+        choices=["current"],
+        help="follow a deployment pointer (--pointer; production by default): a promote or rollback swaps the bundle",
+    )
+    serve.add_argument(
+        "--pointer",
+        metavar="NAME",
+        help=f"with --deployment current: the pointer to follow (default {PRODUCTION})",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    serve.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log level (default info)"
+    )
+    serve.set_defaults(handler=cmd_serve)

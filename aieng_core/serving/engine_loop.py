@@ -1,0 +1,154 @@
+"""The engine in a background thread: the HTTP server's side of the engine.
+
+submit() validates in the caller's thread (so a bad request fails at once, with the field
+named) and hands the request over through an inbox; the loop thread steps the engine while
+anything is queued or running and hands each output to its request's sink. Nothing may leave
+a caller waiting: stopping cancels every request still held, and a loop that dies fails them.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable, Sequence
+
+from aieng_core.serving.engine import Engine, EngineStats, RequestOutput, StepStats
+from aieng_core.serving.request import Request, RequestStatus, SamplingParams
+from aieng_core.serving.scheduler import QueueFull
+
+log = logging.getLogger("aieng.serving.engine")
+
+
+class EngineStopped(RuntimeError):
+    """submit() after the loop stopped, or died: the request was never queued."""
+
+
+class EngineLoop:
+    """Runs an Engine's steps in a background thread; the HTTP server's side of the engine."""
+
+    def __init__(self, engine: Engine, on_step: Callable[[StepStats, EngineStats], None] | None = None) -> None:
+        self.engine = engine
+        self.on_step = on_step
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._inbox: collections.deque[tuple[Request, Callable[[RequestOutput], None]]] = collections.deque()
+        self._sinks: dict[int, tuple[Request, Callable[[RequestOutput], None]]] = {}  # by id(request)
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="aieng-engine", daemon=True)
+
+    def start(self) -> EngineLoop:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop stepping. Requests still in flight are finished as cancelled, so no caller waits forever."""
+        with self._lock:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        """Stepping, or ready to: False once stopped, or if the loop failed."""
+        return self._thread.is_alive() and not self._stopping
+
+    def submit(
+        self,
+        request_id: str,
+        prompt: str | Sequence[int],
+        params: SamplingParams,
+        sink: Callable[[RequestOutput], None],
+    ) -> Request:
+        request = self.engine.prepare(request_id, prompt, params)  # RequestError here, in the caller's thread
+        with self._lock:
+            if self._stopping:
+                raise EngineStopped("the engine loop is stopped")
+            if len(self._inbox) + self.engine.scheduler.num_waiting >= self.engine.limits.max_waiting:
+                raise QueueFull(f"{self.engine.limits.max_waiting} requests are already waiting")
+            self._inbox.append((request, sink))
+            self._wake.notify()
+        return request
+
+    def stats(self) -> EngineStats:
+        stats = self.engine.stats()
+        with self._lock:
+            waiting = len(self._inbox)
+        return EngineStats(
+            stats.num_running, stats.num_waiting + waiting, stats.free_slots, stats.max_batch, stats.kv_cache_bytes
+        )
+
+    def _run(self) -> None:
+        try:
+            self._step_until_stopped()
+        except Exception:
+            # Nothing may leave a caller waiting: a loop that dies fails every request it holds,
+            # refuses new ones (submit sees _stopping), and `running` turns False for readiness.
+            log.exception("the engine loop failed; failing every request in flight")
+            with self._lock:
+                self._stopping = True
+            self._fail_all()
+            return
+        self._cancel_all()
+
+    def _step_until_stopped(self) -> None:
+        engine = self.engine
+        while True:
+            with self._lock:
+                while not self._stopping and not self._inbox and not engine.has_work:
+                    self._wake.wait()
+                if self._stopping:
+                    return
+                while self._inbox:
+                    request, sink = self._inbox.popleft()
+                    self._sinks[id(request)] = (request, sink)
+                    engine.enqueue(request)
+            for request, output in engine.step():
+                self._deliver(request, output)
+            if self.on_step is not None and engine.last_step is not None:
+                try:
+                    self.on_step(engine.last_step, engine.stats())
+                except Exception:
+                    log.exception("on_step callback failed")
+
+    def _fail_all(self) -> None:
+        with self._lock:
+            held = [*self._inbox, *self._sinks.values()]
+            self._inbox.clear()
+            self._sinks.clear()
+        for request, sink in held:
+            request.cancel()
+            if not request.finished:
+                request.status, request.finish_reason = RequestStatus.FINISHED, "error"
+            try:
+                sink(self.engine.output_of(request))
+            except Exception:
+                log.exception("delivering the failure of request %s failed", request.request_id)
+
+    def _deliver(self, request: Request, output: RequestOutput) -> None:
+        with self._lock:
+            held = self._sinks.pop(id(request), None) if output.finished else self._sinks.get(id(request))
+        if held is None:
+            return
+        sink = held[1]
+        try:
+            sink(output)
+        except Exception:
+            log.exception("delivering output of request %s failed", request.request_id)
+
+    def _cancel_all(self) -> None:
+        with self._lock:
+            inbox = list(self._inbox)
+            self._inbox.clear()
+        for request, sink in inbox:
+            # Never queued: finished here, so its caller hears about it like everyone else.
+            request.cancel()
+            request.status, request.finish_reason = RequestStatus.FINISHED, "cancelled"
+            self._sinks[id(request)] = (request, sink)
+            self._deliver(request, self.engine.output_of(request))
+        for running in [*self.engine.scheduler.running, *self.engine.scheduler.waiting]:
+            running.cancel()
+        while self.engine.has_work:
+            for request, output in self.engine.step():
+                self._deliver(request, output)

@@ -1,0 +1,364 @@
+"""The HTTP API's request and response bodies as pydantic models, free of any web framework.
+
+Every request model forbids unknown fields and bounds every value: a typo'd parameter that a
+server silently ignores is how evaluation harnesses get wrong numbers against it. OpenAI
+parameters we do not implement are accepted only at their neutral value (logprobs null,
+echo false, n 1, ...) and are otherwise refused with an error naming them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints, ValidationInfo, field_validator
+
+from aieng_core.serving.request import FinishReason, SamplingParams
+
+# Bounds that keep one request from asking the server for unbounded work or memory; the
+# engine's own limits (max_context) are checked by the engine and named in its error.
+MAX_PROMPT_CHARS = 1_000_000
+MAX_NEW_TOKENS = 1 << 20
+MAX_TEMPERATURE = 100.0
+MAX_TOP_K = 1 << 20
+MAX_SEED = (1 << 63) - 1
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+MAX_PREDICT_INPUTS = 256
+MAX_ID_CHARS = 128
+
+# Request ids travel in headers and log lines: a conservative alphabet keeps both clean.
+REQUEST_ID_PATTERN = r"^[A-Za-z0-9._:\-/]{1,128}$"
+
+RequestId = Annotated[str, StringConstraints(pattern=REQUEST_ID_PATTERN)]
+Prompt = Annotated[str, StringConstraints(min_length=1, max_length=MAX_PROMPT_CHARS)]
+StopString = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_CHARS)]
+
+
+def json_number(value: Any) -> Any:
+    """A number field's input, refused where pydantic's lax mode would read a number into it
+    (true as 1, "16" as 16): the API takes what its OpenAPI document says. A float without a
+    fraction (16.0) is still an integer, as JSON Schema has it. Booleans are StrictBool."""
+    if isinstance(value, bool | str):
+        raise ValueError(f"expected a number, got {type(value).__name__} {value!r}")
+    return value
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class RequestDefaults(_Body):
+    """Values used where a request leaves a sampling field out: the bundle's own (serving.json,
+    from the bundle: config section, the one place they are set), never a fallback here."""
+
+    max_new_tokens: int = Field(ge=1)
+    temperature: float = Field(ge=0.0)
+    top_k: int = Field(ge=0)
+    top_p: float = Field(gt=0.0, le=1.0)
+
+    @classmethod
+    def of_bundle(cls, serving: dict[str, Any]) -> RequestDefaults:
+        """From a bundle's serving.json (bundle/verify.py checked it carries every one)."""
+        return cls(
+            max_new_tokens=serving["default_max_new_tokens"],
+            temperature=serving["default_temperature"],
+            top_k=serving["default_top_k"],
+            top_p=serving["default_top_p"],
+        )
+
+
+class SamplingOptions(_Body):
+    """The sampling fields /generate and /predict share; None means the server's default."""
+
+    max_new_tokens: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)
+    temperature: float | None = Field(default=None, ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False)
+    top_k: int | None = Field(default=None, ge=0, le=MAX_TOP_K)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0, allow_inf_nan=False)
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    stop: list[StopString] | None = Field(default=None, max_length=MAX_STOP_STRINGS)
+    ignore_eos: StrictBool = False
+
+    @field_validator("max_new_tokens", "temperature", "top_k", "top_p", "seed", mode="before")
+    @classmethod
+    def _numbers_only(cls, value: Any) -> Any:
+        return json_number(value)
+
+    def sampling_params(self, defaults: RequestDefaults) -> SamplingParams:
+        return SamplingParams(
+            max_new_tokens=defaults.max_new_tokens if self.max_new_tokens is None else self.max_new_tokens,
+            temperature=defaults.temperature if self.temperature is None else self.temperature,
+            top_k=defaults.top_k if self.top_k is None else self.top_k,
+            top_p=defaults.top_p if self.top_p is None else self.top_p,
+            seed=self.seed,
+            stop=tuple(self.stop or ()),
+            ignore_eos=self.ignore_eos,
+        )
+
+
+class GenerateRequest(SamplingOptions):
+    prompt: Prompt
+    request_id: RequestId | None = None
+
+
+class GenerateResponse(_Response):
+    request_id: str
+    text: str
+    tokens: int  # how many tokens were generated
+    token_ids: list[int]
+    finish_reason: FinishReason
+    latency_ms: float
+    prompt_tokens: int
+
+
+class PredictRequest(_Body):
+    inputs: list[Prompt] = Field(min_length=1, max_length=MAX_PREDICT_INPUTS)
+    options: SamplingOptions = SamplingOptions()
+    request_id: RequestId | None = None
+
+
+class PredictOutput(_Response):
+    text: str
+    tokens: int
+    finish_reason: FinishReason
+
+
+class PredictResponse(_Response):
+    request_id: str
+    outputs: list[PredictOutput]
+    latency_ms: float
+
+
+class StreamOptions(_Body):
+    include_usage: StrictBool | None = None
+    # vLLM's extension: usage in every chunk. Accepted only at its neutral value.
+    continuous_usage_stats: StrictBool | None = None
+
+    @field_validator("continuous_usage_stats")
+    @classmethod
+    def _no_continuous_usage(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ValueError("continuous_usage_stats is not supported")
+        return value
+
+
+def _unsupported(name: str | None, value: Any) -> ValueError:
+    return ValueError(f"{name}={value!r} is not supported by this server")
+
+
+class CompletionRequest(_Body):
+    """POST /v1/completions, as OpenAI defines it (with vLLM's top_k and ignore_eos)."""
+
+    model: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
+    prompt: Prompt | list[Prompt]
+    max_tokens: int | None = Field(default=16, ge=1, le=MAX_NEW_TOKENS)
+    temperature: float | None = Field(default=1.0, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float | None = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    # vLLM: -1 (or 0) means no top-k cut.
+    top_k: int | None = Field(default=None, ge=-1, le=MAX_TOP_K)
+    stream: StrictBool | None = False
+    stream_options: StreamOptions | None = None
+    stop: StopString | list[StopString] | None = Field(default=None)
+    seed: int | None = Field(default=None, ge=-(1 << 63), le=MAX_SEED)
+    user: Annotated[str, StringConstraints(max_length=256)] | None = None
+    ignore_eos: StrictBool | None = False
+    request_id: RequestId | None = None
+    # Parameters of the OpenAI API this server does not implement: neutral values only.
+    n: int | None = Field(default=1, ge=1, le=128)
+    best_of: int | None = Field(default=None, ge=1, le=128)
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: StrictBool | None = False
+    presence_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    logit_bias: dict[str, float] | None = Field(default=None, max_length=1024)
+    suffix: Annotated[str, StringConstraints(max_length=MAX_PROMPT_CHARS)] | None = None
+
+    @field_validator(
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "n",
+        "best_of",
+        "logprobs",
+        "presence_penalty",
+        "frequency_penalty",
+        mode="before",
+    )
+    @classmethod
+    def _numbers_only(cls, value: Any) -> Any:
+        return json_number(value)
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_list_bounded(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list) and not 1 <= len(value) <= MAX_PREDICT_INPUTS:
+            raise ValueError(f"a prompt list holds 1 to {MAX_PREDICT_INPUTS} prompts, got {len(value)}")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_bounded(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and len(value) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(value)}")
+        return value
+
+    @field_validator("n", "best_of")
+    @classmethod
+    def _single_choice(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and value > 1:
+            raise _unsupported(info.field_name, value)
+        return value
+
+    @field_validator("logprobs", "suffix")
+    @classmethod
+    def _must_be_null(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None:
+            raise _unsupported(info.field_name, value)
+        return value
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value: bool | None) -> bool | None:
+        if value:
+            raise _unsupported("echo", value)
+        return value
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value:
+            raise _unsupported(info.field_name, value)
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value:
+            raise _unsupported("logit_bias", "{...}")
+        return value
+
+    @property
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def sampling_params(self) -> SamplingParams:
+        # OpenAI's seed is any 64-bit integer; our generators take a non-negative one.
+        seed = None if self.seed is None else self.seed % (1 << 63)
+        return SamplingParams(
+            max_new_tokens=self.max_tokens if self.max_tokens is not None else 16,
+            temperature=self.temperature if self.temperature is not None else 1.0,
+            top_k=max(self.top_k, 0) if self.top_k is not None else 0,
+            top_p=self.top_p if self.top_p is not None else 1.0,
+            seed=seed,
+            stop=self.stop_strings,
+            ignore_eos=bool(self.ignore_eos),
+        )
+
+
+OpenAIFinishReason = Literal["stop", "length"]
+
+
+class CompletionChoice(_Response):
+    index: int
+    text: str
+    logprobs: None = None
+    finish_reason: OpenAIFinishReason | None
+
+
+class Usage(_Response):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionResponse(_Response):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(_Response):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "aieng"
+
+
+class ModelList(_Response):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ReloadRequest(_Body):
+    bundle: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
+
+
+# The bodies below are declared in the OpenAPI document only (the handlers return dicts):
+# they describe what the server answers and never filter it.
+
+
+class ReloadResponse(_Response):
+    bundle_id: str
+    previous_bundle_id: str | None
+    bundle_path: str
+    warmup: dict[str, Any]
+
+
+class LiveStatus(_Response):
+    status: Literal["live"]
+
+
+class DeploymentInfo(_Response):
+    """The deployment pointer a server follows (`aieng serve --deployment current`)."""
+
+    pointer: str
+    bundle_id: str | None
+    sequence: int
+    refused: bool
+
+
+class ReadyStatus(_Response):
+    status: Literal["ready"]
+    bundle_id: str
+    deployment: DeploymentInfo | None = None
+
+
+class VersionInfo(_Response):
+    bundle_id: str
+    bundle_path: str
+    deployment: DeploymentInfo | None
+    code_version: str | None
+    created_at: str | None
+    git_commit: str | None
+    server_version: str
+    inputs: list[dict[str, Any]]
+    lineage: dict[str, Any] | None
+
+
+class ErrorDetail(_Response):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorBody(_Response):
+    error: ErrorDetail
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | int | None = None) -> dict[str, Any]:
+    return ErrorBody(error=ErrorDetail(message=message, type=type_, param=param, code=code)).model_dump()

@@ -1,0 +1,77 @@
+"""`create_app`: the HTTP app of `aieng serve`, composed from its parts (see __init__.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from aieng_core.config import AiengConfig
+from aieng_core.serving.http import routes_admin, routes_native, routes_openai, routes_ops
+from aieng_core.serving.http.api_models import error_body
+from aieng_core.serving.http.api_schema import finish_openapi
+from aieng_core.serving.http.errors import ApiError, validation_error
+from aieng_core.serving.http.following import PointerTarget, follow_pointer
+from aieng_core.serving.http.middleware import BodyLimitMiddleware, RequestContextMiddleware, log
+from aieng_core.serving.http.state import ServingState
+
+
+def create_app(
+    bundle_path: Path | None,
+    config: AiengConfig,
+    admin_token: str | None,
+    follow: Callable[[], PointerTarget] | None = None,
+) -> FastAPI:
+    """Serve the bundle at `bundle_path`, or (with `follow`) whatever a deployment pointer names."""
+    state = ServingState(Path(bundle_path) if bundle_path is not None else None, config, admin_token, follow)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.reload_lock = asyncio.Lock()
+        loading = asyncio.create_task(state.initial_load())
+        following = asyncio.create_task(follow_pointer(state)) if follow is not None else None
+        try:
+            yield
+        finally:
+            if following is not None:
+                following.cancel()
+            if not loading.done():
+                loading.cancel()  # the load thread itself runs on; its replica is never installed
+            await state.shutdown()
+
+    app = FastAPI(title="aieng", version=routes_ops.server_version(), lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.serving = state
+    # Added first, so it runs inside RequestContextMiddleware: a 413 is logged and counted too.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.serving.max_request_bytes)
+    app.add_middleware(RequestContextMiddleware, state=state)
+    fastapi_openapi = app.openapi
+    app.openapi = lambda: finish_openapi(fastapi_openapi(), config.bundle)  # type: ignore[method-assign]
+    for router in (routes_native.router, routes_openai.router, routes_ops.router, routes_admin.router):
+        app.include_router(router)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        if exc.status == 500:
+            log.error("%s: %s", exc.type, exc.message)
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        skip = 1 if errors and errors[0].get("loc", ("",))[0] == "body" else 0
+        return validation_error(errors, skip).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kinds = {404: "not_found_error", 405: "invalid_request_error"}
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        body = error_body(message, kinds.get(exc.status_code, "invalid_request_error"))
+        return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    return app

@@ -1,0 +1,117 @@
+"""`aieng serve --deployment current`: serve whatever a deployment pointer names, and swap
+when a promote or rollback changes it.
+
+The pointer's current.json is replaced atomically by every change (store/pointers.py), so
+reading it needs no lock: a poll sees the old pointer or the new one, never a mix. The
+bundle's directory comes from the artifact store by id, not from the path written in the
+pointer, so a home that moved (or is mounted elsewhere on a replica) still resolves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from aieng_core.asset_keys import SERVING_BUNDLE
+from aieng_core.serving.http.state import BUNDLE_ERRORS, ServingState
+from aieng_core.store import ArtifactStore
+from aieng_core.store.pointers import PRODUCTION, Pointer
+
+log = logging.getLogger("aieng.serving.http")
+
+# How often the pointer is read: a promote or rollback is seen within this, then takes the
+# time to load, verify and warm the bundle.
+FOLLOW_INTERVAL_S = 0.2
+# A bundle the pointer names but that was refused is tried again this often (a failure can
+# pass: memory freed, a file restored), and at once when the pointer changes.
+RETRY_REFUSED_S = 30.0
+
+
+@dataclass(frozen=True)
+class PointerTarget:
+    pointer: str
+    bundle_id: str | None  # None: nothing is deployed (never promoted, or rolled back to no bundle)
+    path: Path | None
+    sequence: int
+
+
+def read_target(home: Path, pointer: str = PRODUCTION) -> PointerTarget:
+    """The bundle the pointer names now. Raises (naming the file or the id) when the pointer
+    is unreadable or names a bundle the store does not hold."""
+    current = Pointer(home, pointer).current()
+    bundle_id = current["bundle_id"]
+    if bundle_id is None:
+        return PointerTarget(pointer, None, None, current["sequence"])
+    path = ArtifactStore(home).get(SERVING_BUNDLE, bundle_id).path
+    return PointerTarget(pointer, bundle_id, path, current["sequence"])
+
+
+async def follow_pointer(
+    state: ServingState, interval_s: float = FOLLOW_INTERVAL_S, retry_s: float = RETRY_REFUSED_S
+) -> None:
+    """Poll the deployment pointer; swap (or empty) the served bundle when it changes.
+
+    A bundle the pointer names but that fails to load or verify is refused (logged as an
+    error) and the current one keeps serving; it is tried again every `retry_s`, and at once
+    when the pointer changes. /health/ready and /version show what the pointer names beside
+    what is served."""
+    follow, reload_lock = state.follow, state.reload_lock
+    assert follow is not None and reload_lock is not None
+    unreadable: str | None = None
+    while not state.draining:
+        await asyncio.sleep(interval_s)
+        if state.phase != "ready" or state.draining:
+            continue
+        try:
+            target = await asyncio.to_thread(follow)
+        except Exception as exc:
+            if str(exc) != unreadable:  # once per distinct problem, not every poll
+                unreadable = str(exc)
+                log.error("cannot read the deployment pointer; still serving what was loaded: %s", exc)
+            continue
+        unreadable = None
+        unchanged = state.following is not None and target.bundle_id == state.following.bundle_id
+        if unchanged and (state.refused_at is None or time.monotonic() - state.refused_at < retry_s):
+            continue
+        async with reload_lock:
+            await _switch(state, target, retry_s)
+
+
+async def _switch(state: ServingState, target: PointerTarget, retry_s: float) -> None:
+    old_id = state.current.bundle_id if state.current is not None else None
+    state.following, state.refused_at = target, None
+    if target.bundle_id is not None and target.bundle_id == old_id:
+        return  # rolled back to the bundle still served (after a refused one): nothing to load
+    if target.path is None:
+        state.uninstall()
+        log.warning("the %s pointer was emptied (was %s): %s", target.pointer, old_id, state.no_bundle_message())
+        return
+    started = time.monotonic()
+    try:
+        replica, _previous = await state.reload(target.path)
+    except Exception as exc:
+        state.refused_at = time.monotonic()
+        log.error(
+            "the %s pointer names bundle %s, which was refused (retried in %g s); still serving %s: %s",
+            target.pointer,
+            target.bundle_id,
+            retry_s,
+            old_id,
+            exc,
+            exc_info=not isinstance(exc, BUNDLE_ERRORS),
+        )
+        return
+    log.info(
+        "following the %s pointer: now serving %s (was %s)",
+        target.pointer,
+        replica.bundle_id,
+        old_id,
+        extra={
+            "bundle_id": replica.bundle_id,
+            "bundle_path": str(target.path),
+            "latency_ms": round((time.monotonic() - started) * 1000, 1),
+        },
+    )

@@ -1,0 +1,242 @@
+"""One generation request, seen from the event loop: its engine requests (one per prompt),
+their outputs merged into one asyncio queue, its deadline, and its usage.
+
+Each engine request is submitted to the replica's loop thread with a sink that hands every
+RequestOutput back to the event loop (call_soon_threadsafe into the queue). The handler waits
+on that queue under the request's deadline (queue time counts) while watching the client: a
+client that goes away, or a deadline that passes, cancels the engine requests, and the engine
+frees their KV slots at its next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar, cast
+
+from starlette.requests import Request as HttpRequest
+from starlette.types import Receive
+
+from aieng_core.serving.engine import RequestOutput
+from aieng_core.serving.engine_loop import EngineStopped
+from aieng_core.serving.http.api_models import OpenAIFinishReason, RequestDefaults, Usage
+from aieng_core.serving.http.errors import ApiError, ClientGone, queue_full, request_error, unfinished_error
+from aieng_core.serving.http.logs import current_context
+from aieng_core.serving.http.metrics import RequestTracker
+from aieng_core.serving.http.replica import Replica
+from aieng_core.serving.http.state import ServingState
+from aieng_core.serving.request import Request, RequestError, SamplingParams
+from aieng_core.serving.scheduler import QueueFull
+
+log = logging.getLogger("aieng.serving.http")
+
+# The model name every request may use besides the bundle id (clients that hard-code one).
+MODEL_ALIAS = "aieng"
+
+T = TypeVar("T")
+
+
+class Generation:
+    """The engine requests of one HTTP request, their outputs as (prompt index, output)."""
+
+    def __init__(self, state: ServingState, replica: Replica, arrival: float) -> None:
+        self.state = state
+        self.replica = replica
+        self.arrival = arrival
+        self.deadline = arrival + state.config.serving.request_timeout_s
+        self.queue: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
+        self.requests: list[Request] = []
+        self.finals: dict[int, RequestOutput] = {}
+        self.largest_batch = 0  # the most sequences a step of this request ran with
+        self._released = False
+
+    def submit(
+        self, request_id: str, prompts: Sequence[str], params: SamplingParams, rename: dict[str, str] | None = None
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        engine_loop = self.replica.loop
+        for index, prompt in enumerate(prompts):
+            tracker = RequestTracker(self.state.metrics, time.monotonic)
+            sink = self._sink(loop, index, tracker)
+            engine_id = request_id if len(prompts) == 1 else f"{request_id}-{index}"
+            try:
+                self.requests.append(engine_loop.submit(engine_id, prompt, params, sink))
+            except RequestError as exc:
+                raise request_error(exc, rename=rename) from None
+            except QueueFull:
+                self.state.metrics.reject("overloaded")
+                raise queue_full() from None
+            except EngineStopped:
+                # The loop died (or stopped) after this request took its replica: say what
+                # readiness says now, never a 500.
+                self.state.metrics.reject("not_ready")
+                raise self.state.unavailable() or ApiError(
+                    503, "the engine loop stopped after an error", "unavailable", code="engine_failed"
+                ) from None
+
+    def _sink(
+        self, loop: asyncio.AbstractEventLoop, index: int, tracker: RequestTracker
+    ) -> Callable[[RequestOutput], None]:
+        queue = self.queue
+        engine = self.replica.loop.engine
+
+        def sink(output: RequestOutput) -> None:  # runs in the engine thread, right after the step
+            tracker.on_output(output)
+            if engine.last_step is not None:
+                self.largest_batch = max(self.largest_batch, engine.last_step.batch_size)
+            # A closed event loop means nobody waits any more (server exit).
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(queue.put_nowait, (index, output))
+
+        return sink
+
+    @property
+    def done(self) -> bool:
+        return len(self.finals) == len(self.requests)
+
+    async def next(self) -> tuple[int, RequestOutput]:
+        """The next output, or ApiError 504 once the deadline passes."""
+        remaining = self.deadline - time.monotonic()
+        try:
+            if remaining <= 0:
+                raise TimeoutError
+            index, output = await asyncio.wait_for(self.queue.get(), remaining)
+        except TimeoutError:
+            self.cancel()
+            self.state.metrics.reject("timeout")
+            timeout = self.state.config.serving.request_timeout_s
+            raise ApiError(
+                504, f"the request did not finish within request_timeout_s ({timeout:g} s)", "timeout", code="timeout"
+            ) from None
+        if output.finished:
+            self.finals[index] = output
+        return index, output
+
+    async def collect(self) -> list[RequestOutput]:
+        while not self.done:
+            await self.next()
+        return self.outputs()
+
+    def outputs(self) -> list[RequestOutput]:
+        """Every prompt's final output, in prompt order (once `done`)."""
+        return [self.finals[i] for i in range(len(self.requests))]
+
+    def cancel(self) -> None:
+        for request in self.requests:
+            if not request.finished:
+                request.cancel()
+
+    def close(self) -> None:
+        """Cancel whatever has not finished and give the replica back (idempotent)."""
+        self.cancel()
+        if not self._released:
+            self._released = True
+            self.state.release(self.replica)
+
+    def latency_ms(self) -> float:
+        return round((time.monotonic() - self.arrival) * 1000, 3)
+
+    def record(self, outputs: Sequence[RequestOutput]) -> None:
+        """Numbers for this request's access log line."""
+        context = current_context()
+        if context is None:
+            return
+        context.fields.update(
+            prompt_tokens=sum(o.prompt_tokens for o in outputs),
+            completion_tokens=sum(len(o.token_ids) for o in outputs),
+            finish_reason=",".join(sorted({str(o.finish_reason) for o in outputs})),
+            batch_size=self.largest_batch,
+        )
+
+
+def check_model(model: str | None, replica: Replica) -> None:
+    if model is not None and model not in (replica.bundle_id, MODEL_ALIAS):
+        raise ApiError(
+            404,
+            f"model '{model}' does not exist; this server serves '{replica.bundle_id}' (alias '{MODEL_ALIAS}')",
+            "not_found_error",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def begin(
+    state: ServingState,
+    request_id: str,
+    prompts: Sequence[str],
+    params_for: Callable[[RequestDefaults], SamplingParams],
+    model: str | None = None,
+    rename: dict[str, str] | None = None,
+) -> Generation:
+    """Take a replica, then build the request's sampling parameters from that replica's own
+    defaults (a swap may install another bundle at any moment: the defaults of the bundle that
+    answers are the ones that apply), then submit. Whatever fails gives the replica back."""
+    arrival = time.monotonic()
+    replica = state.acquire()
+    generation = Generation(state, replica, arrival)
+    try:
+        check_model(model, replica)
+        try:
+            params = params_for(replica.defaults)
+        except RequestError as exc:
+            raise request_error(exc, rename) from None
+        generation.submit(request_id, prompts, params, rename)
+    except BaseException:
+        generation.close()
+        raise
+    return generation
+
+
+async def run_to_end(request: HttpRequest, generation: Generation, request_id: str) -> list[RequestOutput]:
+    """Every output of a non-streamed generation; ClientGone if the client left first."""
+    try:
+        outputs = await unless_disconnected(request, generation.collect())
+    except ClientGone:
+        log.info("client disconnected; request cancelled")
+        raise
+    finally:
+        generation.close()
+    generation.record(outputs)
+    failure = unfinished_error(outputs, request_id)
+    if failure is not None:
+        raise failure
+    return outputs
+
+
+def finish_reason(output: RequestOutput) -> OpenAIFinishReason:
+    """Why an answered output ended: `stop` or `length` (run_to_end raised for any other)."""
+    if output.finish_reason not in ("stop", "length"):
+        raise RuntimeError(f"request {output.request_id} ended with {output.finish_reason!r}, not stop or length")
+    return cast(OpenAIFinishReason, output.finish_reason)
+
+
+def usage(outputs: Sequence[RequestOutput]) -> Usage:
+    prompt_tokens = sum(o.prompt_tokens for o in outputs)
+    completion_tokens = sum(len(o.token_ids) for o in outputs)
+    return Usage(
+        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens
+    )
+
+
+async def wait_for_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def unless_disconnected(request: HttpRequest, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it (and raising ClientGone) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(wait_for_disconnect(request.receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        raise ClientGone
+    finally:
+        watcher.cancel()
+        task.cancel()

@@ -1,0 +1,220 @@
+"""Prometheus metrics of the server, named after vLLM's so that people who run vLLM read them
+at once, but with Prometheus' own naming rule: no colons (those are for recording rules).
+
+The server owns one CollectorRegistry (not the process-global default), so two apps in one
+process, as tests make, never collide; it also carries prometheus_client's process collector
+(process_resident_memory_bytes, process_cpu_seconds_total, ...).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
+
+# Latency buckets in seconds: a tiny CPU model answers in milliseconds, a loaded server in
+# tens of seconds; vLLM's buckets span the same range.
+REQUEST_LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+TOKEN_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+# Every metric the server exports: name -> meaning. The metrics reference page
+# (docs/reference/metrics.md) is generated from this registry, and a test checks /metrics
+# exposes each one.
+METRIC_HELP: dict[str, str] = {
+    "aieng_time_to_first_token_seconds": "Time from a request's arrival to its first generated token.",
+    "aieng_inter_token_latency_seconds": "Time between two consecutive generated tokens of one request.",
+    "aieng_e2e_request_latency_seconds": "Time from a request's arrival to its last token (queue time included).",
+    "aieng_request_queue_time_seconds": "Time a request waited for a KV-cache slot before its prefill.",
+    "aieng_num_requests_running": "Requests holding a KV-cache slot (being decoded).",
+    "aieng_num_requests_waiting": "Requests queued for a KV-cache slot.",
+    "aieng_max_num_requests_waiting": "Requests the queue holds before new ones get 429 (serving.max_waiting).",
+    "aieng_request_success_total": "Requests the engine finished, by finish reason (stop, length, cancelled, ...).",
+    "aieng_prompt_tokens_total": "Prompt tokens of finished requests.",
+    "aieng_generation_tokens_total": "Tokens generated (cancelled requests' tokens included).",
+    "aieng_http_requests_total": "HTTP requests answered, by endpoint and status code.",
+    "aieng_kv_cache_free_slots": "KV-cache slots free for a new sequence.",
+    "aieng_kv_cache_slots": "KV-cache slots in the pool (the engine's max_batch).",
+    "aieng_kv_cache_bytes": "Bytes preallocated by the KV-cache pool.",
+    "aieng_process_resident_memory_bytes": "Resident memory of the server process (RSS).",
+    "aieng_batch_size": "Sequences run by one engine step (prefill plus decode).",
+    "aieng_requests_rejected_total": "Generation requests refused: overloaded (429), draining (503), timeout (504).",
+    "aieng_bundle_info": "The serving bundle in use (label bundle_id), always 1.",
+    "aieng_ready": "1 while /health/ready answers 200 (a bundle loaded and warm, not draining), else 0.",
+}
+
+REJECT_REASONS = ("overloaded", "draining", "not_ready", "timeout")
+
+# The endpoints counted by path in aieng_http_requests_total (anything else is "other", so a
+# scanner cannot grow the label set).
+GENERATION_ENDPOINTS = ("/generate", "/predict", "/v1/completions")
+ENDPOINTS = (
+    *GENERATION_ENDPOINTS,
+    "/v1/models",
+    "/health/live",
+    "/health/ready",
+    "/version",
+    "/metrics",
+    "/admin/reload",
+)
+
+
+def _rss_bytes() -> float:
+    """Resident set size from /proc (Linux); psutil elsewhere."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            return float(int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
+    except (OSError, ValueError, IndexError):
+        import psutil
+
+        return float(psutil.Process().memory_info().rss)
+
+
+class ServingMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)
+        r = self.registry
+        h = METRIC_HELP
+        self.ttft = Histogram(
+            "aieng_time_to_first_token_seconds", h["aieng_time_to_first_token_seconds"],
+            buckets=REQUEST_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.itl = Histogram(
+            "aieng_inter_token_latency_seconds", h["aieng_inter_token_latency_seconds"],
+            buckets=TOKEN_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.e2e = Histogram(
+            "aieng_e2e_request_latency_seconds", h["aieng_e2e_request_latency_seconds"],
+            buckets=REQUEST_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.queue_time = Histogram(
+            "aieng_request_queue_time_seconds", h["aieng_request_queue_time_seconds"],
+            buckets=REQUEST_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.batch_size = Histogram("aieng_batch_size", h["aieng_batch_size"], buckets=BATCH_SIZE_BUCKETS, registry=r)
+        self.running = Gauge("aieng_num_requests_running", h["aieng_num_requests_running"], registry=r)
+        self.waiting = Gauge("aieng_num_requests_waiting", h["aieng_num_requests_waiting"], registry=r)
+        # The queue's limit and the readiness, so that alerts need no copy of the config and
+        # see what a load balancer sees (configs/alerts.yml: queue near full, not ready).
+        self.max_waiting = Gauge("aieng_max_num_requests_waiting", h["aieng_max_num_requests_waiting"], registry=r)
+        self.ready = Gauge("aieng_ready", h["aieng_ready"], registry=r)
+        # Counter names are given without _total: prometheus_client appends it.
+        self.success = Counter(
+            "aieng_request_success", h["aieng_request_success_total"], ["finished_reason"], registry=r
+        )
+        self.prompt_tokens = Counter("aieng_prompt_tokens", h["aieng_prompt_tokens_total"], registry=r)
+        self.generation_tokens = Counter("aieng_generation_tokens", h["aieng_generation_tokens_total"], registry=r)
+        self.http_requests = Counter(
+            "aieng_http_requests", h["aieng_http_requests_total"], ["endpoint", "status"], registry=r
+        )
+        self.rejected = Counter("aieng_requests_rejected", h["aieng_requests_rejected_total"], ["reason"], registry=r)
+        for reason in REJECT_REASONS:
+            self.rejected.labels(reason=reason)  # export zeros: a rate over a missing series is no rate
+        self.kv_free_slots = Gauge("aieng_kv_cache_free_slots", h["aieng_kv_cache_free_slots"], registry=r)
+        self.kv_slots = Gauge("aieng_kv_cache_slots", h["aieng_kv_cache_slots"], registry=r)
+        self.kv_bytes = Gauge("aieng_kv_cache_bytes", h["aieng_kv_cache_bytes"], registry=r)
+        self.rss = Gauge("aieng_process_resident_memory_bytes", h["aieng_process_resident_memory_bytes"], registry=r)
+        self.rss.set_function(_rss_bytes)
+        self.bundle_info = Gauge("aieng_bundle_info", h["aieng_bundle_info"], ["bundle_id"], registry=r)
+
+    def set_bundle(self, bundle_id: str | None) -> None:
+        """The bundle served now (None: none, after a deployment pointer was emptied)."""
+        self.bundle_info.clear()
+        if bundle_id is not None:
+            self.bundle_info.labels(bundle_id=bundle_id).set(1)
+
+    def observe_engine(self, stats: Any) -> None:
+        """Copy an EngineStats snapshot (num_running, num_waiting, free_slots, max_batch,
+        kv_cache_bytes) into the gauges; called on every scrape."""
+        self.running.set(stats.num_running)
+        self.waiting.set(stats.num_waiting)
+        self.kv_free_slots.set(stats.free_slots)
+        self.kv_slots.set(stats.max_batch)
+        self.kv_bytes.set(stats.kv_cache_bytes)
+
+    def observe_step(self, batch_size: int) -> None:
+        if batch_size > 0:
+            self.batch_size.observe(batch_size)
+
+    def observe_finished(
+        self,
+        finish_reason: str,
+        prompt_tokens: int,
+        e2e_seconds: float | None,
+    ) -> None:
+        self.success.labels(finished_reason=finish_reason).inc()
+        self.prompt_tokens.inc(prompt_tokens)
+        if e2e_seconds is not None:
+            self.e2e.observe(e2e_seconds)
+
+    def count_http(self, endpoint: str, status: int) -> None:
+        self.http_requests.labels(endpoint=endpoint, status=str(status)).inc()
+
+    def reject(self, reason: str) -> None:
+        self.rejected.labels(reason=reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class RequestTracker:
+    """Per-request metrics fed from the engine thread, one RequestOutput at a time: TTFT and
+    queue time once, one inter-token latency per new token, and the finish."""
+
+    def __init__(self, metrics: ServingMetrics, clock: Any) -> None:
+        self._metrics = metrics
+        self._clock = clock
+        self._last_token_time: float | None = None
+        self._ttft_seen = False
+        self._queue_seen = False
+
+    def on_output(self, output: Any) -> None:
+        now = self._clock()
+        new_tokens = len(output.new_token_ids)
+        if new_tokens:
+            self._metrics.generation_tokens.inc(new_tokens)
+            if self._last_token_time is not None:
+                # A step yields one token per request; should it yield several, spread the gap.
+                gap = (now - self._last_token_time) / new_tokens
+                for _ in range(new_tokens):
+                    self._metrics.itl.observe(gap)
+            self._last_token_time = now
+        if not self._queue_seen and output.queue_seconds is not None:
+            self._queue_seen = True
+            self._metrics.queue_time.observe(output.queue_seconds)
+        if not self._ttft_seen and output.ttft_seconds is not None:
+            self._ttft_seen = True
+            self._metrics.ttft.observe(output.ttft_seconds)
+        if output.finished:
+            self._metrics.observe_finished(output.finish_reason or "error", output.prompt_tokens, output.e2e_seconds)

@@ -1,0 +1,64 @@
+"""A replica: one loaded, verified, warmed bundle and the engine loop serving it.
+
+The server holds one replica at a time (state.py); a reload or a pointer switch opens the
+next one beside it, and the old one keeps its loop until the last request holding it ends.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aieng_core.config import AiengConfig
+from aieng_core.serving.device import resolve_device
+from aieng_core.serving.engine import EngineStats, StepStats
+from aieng_core.serving.engine_loop import EngineLoop
+from aieng_core.serving.http.api_models import RequestDefaults
+
+if TYPE_CHECKING:
+    from aieng_core.bundle.verify import LoadedBundle
+
+OnStep = Callable[[StepStats, EngineStats], None]
+
+
+@dataclass
+class Replica:
+    """One loaded bundle and the engine loop serving it."""
+
+    bundle: LoadedBundle
+    loop: EngineLoop
+    defaults: RequestDefaults  # what a request leaves out is taken from here: the bundle's own
+    warmup: dict[str, Any]
+    loaded_at: float = field(default_factory=time.time)
+    active: int = 0  # HTTP requests holding this replica
+    retired: bool = False  # another replica serves new requests; stop once `active` is 0
+
+    @property
+    def bundle_id(self) -> str:
+        return str(self.bundle.bundle_id)
+
+    @property
+    def max_context(self) -> int:
+        return int(self.bundle.serving["max_context"])
+
+
+def open_replica(bundle_path: Path, config: AiengConfig, on_step: OnStep) -> Replica:
+    """Load and verify a bundle, warm its engine up, prove a forward works, start its loop.
+
+    Blocking (seconds): run it off the event loop. The bundle fixes the model, its limits of
+    memory and context (max_batch, max_context, max_prefill_tokens) and the request defaults;
+    the server's config fixes how it behaves under load (max_waiting, timeouts, threads)."""
+    from aieng_core.bundle.verify import load_bundle
+
+    serving = config.serving
+    bundle = load_bundle(bundle_path, device=resolve_device(serving.device))
+    engine = bundle.make_engine(max_waiting=serving.max_waiting)
+    lengths = [n for n in serving.warmup_prompt_lengths if n < engine.limits.max_context]
+    warmup = engine.warmup(lengths)
+    engine.check_forward()
+    defaults = RequestDefaults.of_bundle(bundle.serving)
+    loop = EngineLoop(engine, on_step=on_step).start()
+    return Replica(bundle=bundle, loop=loop, defaults=defaults, warmup=warmup)

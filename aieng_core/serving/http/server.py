@@ -1,0 +1,126 @@
+"""`aieng serve`: the HTTP app under uvicorn, with a graceful drain on SIGTERM.
+
+uvicorn's own handling of SIGTERM stops at once (and re-raises the signal after shutdown,
+so the process dies by it). Ours: the first SIGTERM or SIGINT turns readiness to 503 and
+refuses new generation requests; the server keeps running until the requests in flight have
+finished or drain_timeout_s has passed, then shuts down and exits 0. A second signal stops
+waiting.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from aieng_core.config import AiengConfig
+from aieng_core.serving.http.logs import configure_logging
+from aieng_core.store.pointers import PRODUCTION
+
+log = logging.getLogger("aieng.serving.http.server")
+
+ADMIN_TOKEN_ENV = "AIENG_ADMIN_TOKEN"
+# After the drain, how long uvicorn may wait for connections to close before cancelling them.
+SHUTDOWN_GRACE_S = 5
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state: Any, drain_timeout_s: float) -> None:
+        super().__init__(config)
+        self.state = state  # state.ServingState
+        self.drain_timeout_s = drain_timeout_s
+        self.drain_deadline: float | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Not recorded in _captured_signals: uvicorn would re-raise it after shutdown and the
+        # process would die by the signal instead of exiting 0.
+        if self.drain_deadline is None:
+            self.drain_deadline = time.monotonic() + self.drain_timeout_s
+            self.state.begin_drain()
+            log.info(
+                "%s received: draining for up to %g s",
+                signal.Signals(sig).name,
+                self.drain_timeout_s,
+                extra={"in_flight": self.state.in_flight},
+            )
+        else:
+            log.warning("second %s: stopping without waiting for requests in flight", signal.Signals(sig).name)
+            self.should_exit = True
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.state.failed:
+            self.should_exit = True
+        elif self.drain_deadline is not None and not self.should_exit:
+            if self.state.in_flight == 0:
+                log.info("drained: no request in flight; shutting down")
+                self.should_exit = True
+            elif time.monotonic() >= self.drain_deadline:
+                log.warning(
+                    "drain_timeout_s (%g s) passed with requests in flight; shutting down",
+                    self.drain_timeout_s,
+                    extra={"in_flight": self.state.in_flight},
+                )
+                self.should_exit = True
+        return await super().on_tick(counter)
+
+
+def run_server(
+    bundle_path: Path | None,
+    host: str,
+    port: int,
+    config: AiengConfig,
+    log_level: str = "info",
+    follow_home: Path | None = None,
+    pointer: str = PRODUCTION,
+) -> int:
+    """Serve the bundle (or follow `pointer` under `follow_home`) until drained; 0 after a
+    clean drain, 1 when the bundle cannot be served."""
+    from aieng_core.serving.http.app import create_app
+
+    configure_logging(log_level)
+    if config.serving.threads:
+        import torch
+
+        torch.set_num_threads(config.serving.threads)
+    admin_token = os.environ.get(ADMIN_TOKEN_ENV) or None
+    follow = None
+    if follow_home is not None:
+        from aieng_core.serving.http.following import read_target
+
+        home = Path(follow_home)
+        follow = functools.partial(read_target, home, pointer)
+    app = create_app(Path(bundle_path) if bundle_path is not None else None, config, admin_token, follow)
+    state = app.state.serving
+    serving_what = str(bundle_path) if bundle_path is not None else f"the {pointer} deployment under {follow_home}"
+    log.info(
+        "serving %s on http://%s:%d (admin API %s)",
+        serving_what,
+        host,
+        port,
+        "enabled" if admin_token else f"disabled: {ADMIN_TOKEN_ENV} is not set",
+        extra={"bundle_path": serving_what, "host": host, "port": port},
+    )
+    uv_config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_config=None,  # our JSON lines (logs.configure_logging) for uvicorn's loggers too
+        log_level=log_level,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        server_header=False,
+    )
+    server = DrainingServer(uv_config, state, config.serving.drain_timeout_s)
+    server.run()
+    if state.failed:
+        log.error("exiting: the bundle could not be served: %s", state.error)
+        return 1
+    return 0

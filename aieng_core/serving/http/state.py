@@ -1,0 +1,236 @@
+"""What the server is doing: loading, ready or failed, draining; which replica serves; how
+many requests hold one (leases).
+
+Lifecycle: /health/live answers at once; the bundle is loaded, verified, warmed up and given
+a one-token forward in a background thread (replica.py), and only then does /health/ready
+turn 200. begin_drain() (the server calls it on SIGTERM) turns readiness to 503 and refuses
+new generation requests while those in flight finish. A reload installs the next replica
+beside the current one: new requests get the new one, in-flight ones finish on the old one,
+whose loop is stopped once the last of them lets go.
+
+Why the server cannot take a request is decided in one place, `unavailable()`: readiness
+answers with it, and so does every generation request refused for it, so the two always agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request as HttpRequest
+
+from aieng_core.config import AiengConfig
+from aieng_core.serving.engine import EngineStats, StepStats
+from aieng_core.serving.http.errors import ApiError, unavailable
+from aieng_core.serving.http.metrics import ServingMetrics
+from aieng_core.serving.http.replica import Replica, open_replica
+from aieng_core.store import ArtifactIntegrityError
+
+if TYPE_CHECKING:
+    from aieng_core.serving.http.following import PointerTarget
+
+log = logging.getLogger("aieng.serving.http")
+
+# Why a bundle cannot be served, said in one line: no traceback in the log for these.
+BUNDLE_ERRORS = (ArtifactIntegrityError, OSError, ValueError)
+
+
+class ServingState:
+    """`follow`, when given, reads the deployment pointer the server follows; the bundle
+    served is then whatever the pointer names (following.py keeps it so)."""
+
+    def __init__(
+        self,
+        bundle_path: Path | None,
+        config: AiengConfig,
+        admin_token: str | None,
+        follow: Callable[[], PointerTarget] | None = None,
+    ) -> None:
+        if (bundle_path is None) == (follow is None):
+            raise ValueError("serve either a bundle path or a deployment pointer, not both and not neither")
+        self.bundle_path = bundle_path
+        self.follow = follow
+        self.following: PointerTarget | None = None  # the target last acted on (loaded, emptied or refused)
+        self.refused_at: float | None = None  # when `following` was refused (it is retried later)
+        self.config = config
+        self.admin_token = admin_token or None
+        self.metrics = ServingMetrics()
+        self.metrics.ready.set_function(lambda: float(self.ready))
+        self.metrics.max_waiting.set(config.serving.max_waiting)
+        self.phase = "loading"  # loading -> ready | failed
+        self.error: str | None = None
+        self.current: Replica | None = None
+        self.draining = False
+        self.in_flight = 0
+        self.reload_lock: asyncio.Lock | None = None  # made in the server's event loop
+        self._background: set[asyncio.Task[Any]] = set()
+        self._replicas: list[Replica] = []
+
+    # ---- what the server can do now ----------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.unavailable() is None
+
+    @property
+    def failed(self) -> bool:
+        return self.phase == "failed"
+
+    def unavailable(self) -> ApiError | None:
+        """Why no generation request can be taken now (a 503), or None when one can."""
+        if self.draining:
+            return unavailable("draining: the server is shutting down; retry on another replica", "draining")
+        if self.failed:
+            return unavailable(f"the bundle could not be loaded: {self.error}", "load_failed")
+        if self.phase == "loading":
+            return unavailable("loading: the bundle is being loaded and warmed up", "loading")
+        if self.current is None:
+            return unavailable(self.no_bundle_message(), "no_deployment")
+        if not self.current.loop.running:
+            # A loop that died fails its own requests; the load balancer must move on.
+            return unavailable("the engine loop stopped after an error", "engine_failed")
+        return None
+
+    def no_bundle_message(self) -> str:
+        from aieng_core.store.pointers import PRODUCTION
+
+        pointer = self.following.pointer if self.following is not None else PRODUCTION
+        return f"no bundle is deployed on the {pointer} pointer; promote one with `aieng deploy promote BUNDLE_ID`"
+
+    def deployment_info(self) -> dict[str, Any] | None:
+        """The pointer this server follows, what it names, and whether that was refused."""
+        following = self.following
+        if following is None:
+            return None
+        return {
+            "pointer": following.pointer,
+            "bundle_id": following.bundle_id,
+            "sequence": following.sequence,
+            "refused": self.refused_at is not None,
+        }
+
+    def begin_drain(self) -> None:
+        if not self.draining:
+            self.draining = True
+            log.info("draining: readiness is 503, new requests are refused", extra={"in_flight": self.in_flight})
+
+    # ---- loading and swapping ----------------------------------------------------------------
+    def _on_step(self, step: StepStats, _engine_stats: EngineStats) -> None:
+        self.metrics.observe_step(step.batch_size)
+
+    def _open(self, path: Path) -> Replica:
+        return open_replica(path, self.config, self._on_step)
+
+    async def initial_load(self) -> None:
+        started = time.monotonic()
+        try:
+            if self.follow is not None:
+                self.following = await asyncio.to_thread(self.follow)
+                self.bundle_path = self.following.path
+                if self.bundle_path is None:
+                    # Import the engine now (torch and the model code take seconds), so the
+                    # first promote only loads, verifies and warms its bundle.
+                    for module in (
+                        "aieng_core.bundle.verify",
+                        "aieng_core.serving.engine",
+                        "aieng_core.model.hf_files",
+                    ):
+                        await asyncio.to_thread(importlib.import_module, module)
+                    self.phase = "ready"  # and not ready(): nothing to serve until a promote
+                    log.warning("%s", self.no_bundle_message())
+                    return
+            assert self.bundle_path is not None
+            replica = await asyncio.to_thread(self._open, self.bundle_path)
+        except Exception as exc:
+            self.phase, self.error = "failed", str(exc)
+            log.error("cannot serve bundle %s: %s", self.bundle_path, exc, exc_info=not isinstance(exc, BUNDLE_ERRORS))
+            return
+        self._install(replica)
+        self.phase = "ready"
+        stats = replica.loop.stats()
+        log.info(
+            "ready: bundle %s loaded, verified and warm",
+            replica.bundle_id,
+            extra={
+                "bundle_id": replica.bundle_id,
+                "bundle_path": str(self.bundle_path),
+                "kv_cache_bytes": stats.kv_cache_bytes,
+                "latency_ms": round((time.monotonic() - started) * 1000, 1),
+                "timings": replica.warmup,
+            },
+        )
+
+    async def reload(self, path: Path) -> tuple[Replica, Replica | None]:
+        """Open the bundle at `path` and serve it; (the new replica, the one it replaced)."""
+        replica = await asyncio.to_thread(self._open, path)
+        self.bundle_path = path
+        return replica, self._install(replica)
+
+    def _install(self, replica: Replica) -> Replica | None:
+        previous = self.current
+        self.current = replica
+        self._replicas.append(replica)
+        self.metrics.set_bundle(replica.bundle_id)
+        if previous is not None:
+            self._retire(previous)
+        return previous
+
+    def uninstall(self) -> Replica | None:
+        """Serve nothing (a pointer rolled back to no bundle): in-flight requests finish on
+        the retired engine; new ones get 503 until a bundle is promoted."""
+        previous, self.current = self.current, None
+        self.metrics.set_bundle(None)
+        if previous is not None:
+            self._retire(previous)
+        return previous
+
+    def _retire(self, replica: Replica) -> None:
+        replica.retired = True
+        self._maybe_stop(replica)
+
+    def _maybe_stop(self, replica: Replica) -> None:
+        if replica.retired and replica.active == 0:
+            task = asyncio.get_running_loop().create_task(asyncio.to_thread(replica.loop.stop, 10.0))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            with contextlib.suppress(ValueError):
+                self._replicas.remove(replica)
+            log.info("stopped the engine of retired bundle %s", replica.bundle_id)
+
+    async def shutdown(self) -> None:
+        for replica in list(self._replicas):
+            await asyncio.to_thread(replica.loop.stop, 10.0)
+        self._replicas.clear()
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+    # ---- leases: which replica a generation request uses ---------------------------------------
+    def acquire(self) -> Replica:
+        """The replica a new generation request holds until release(); a 503 saying why not
+        (the same answer as readiness) when none can take it."""
+        refusal = self.unavailable()
+        if refusal is not None:
+            self.metrics.reject("draining" if refusal.code == "draining" else "not_ready")
+            raise refusal
+        replica = self.current
+        assert replica is not None
+        replica.active += 1
+        self.in_flight += 1
+        return replica
+
+    def release(self, replica: Replica) -> None:
+        replica.active -= 1
+        self.in_flight -= 1
+        self._maybe_stop(replica)
+
+
+def serving_state(request: HttpRequest) -> ServingState:
+    """The server's state, reached through the app (create_app puts it there): every route
+    takes it as a dependency, as vLLM's routers take theirs from `app.state`."""
+    state: ServingState = request.app.state.serving
+    return state

@@ -1,0 +1,117 @@
+"""Server-sent events: the streamed form of /v1/completions.
+
+The stream is answered only once the first output exists, so that a full queue, a deadline
+passed in the queue or a client gone early still get their status codes; after that, an
+error (the deadline passing mid-stream, the engine failing) is an error event, then the
+stream ends with `data: [DONE]` as OpenAI's does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+from fastapi.responses import Response, StreamingResponse
+from starlette.requests import Request as HttpRequest
+from starlette.types import Receive, Scope, Send
+
+from aieng_core.serving.http.errors import ApiError, ClientGone, unfinished_error
+from aieng_core.serving.http.generation import Generation, unless_disconnected, usage, wait_for_disconnect
+
+DONE = "data: [DONE]\n\n"
+
+
+def sse(data: Any) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def client_gone() -> Response:
+    # Nobody reads this; 499 (nginx's "client closed request") keeps the metrics honest.
+    return Response(status_code=499)
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events that always listen for the client going away (whatever ASGI spec
+    version the server speaks), and always run `on_close` once the response is over or
+    abandoned: it cancels the engine requests and ends the request's lease."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(content, headers={"Cache-Control": "no-cache"})
+        self.on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            async with anyio.create_task_group() as group:
+
+                async def stream() -> None:
+                    try:
+                        await self.stream_response(send)
+                    except OSError:
+                        pass  # the client went away mid-write
+                    group.cancel_scope.cancel()
+
+                group.start_soon(stream)
+                await wait_for_disconnect(receive)
+                group.cancel_scope.cancel()
+        finally:
+            self.on_close()
+
+
+async def stream_completion(
+    request: HttpRequest, generation: Generation, request_id: str, created: int, model: str, include_usage: bool
+) -> Response:
+    """The completion as OpenAI's `text_completion` chunks, one per new piece of text."""
+    try:
+        first = await unless_disconnected(request, generation.next())
+    except ClientGone:
+        generation.close()
+        return client_gone()
+    except BaseException:
+        generation.close()
+        raise
+    # Failed before its first token (engine error, shutdown): a real status code, not a 200 stream.
+    failure = unfinished_error([first[1]], request_id)
+    if failure is not None:
+        generation.close()
+        raise failure
+
+    def chunk(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+        choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        payload: dict[str, Any] = {
+            "id": f"cmpl-{request_id}",
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [choice],
+        }
+        if include_usage:
+            payload["usage"] = None
+        return payload
+
+    async def events() -> AsyncIterator[str]:
+        index, output = first
+        while True:
+            failure = unfinished_error([output], request_id)
+            if failure is not None:
+                yield sse(failure.body())
+                break
+            if output.new_text or output.finished:
+                yield sse(chunk(index, output.new_text, output.finish_reason if output.finished else None))
+            if generation.done:
+                outputs = generation.outputs()
+                generation.record(outputs)
+                if include_usage:
+                    yield sse({**chunk(0, "", None), "choices": [], "usage": usage(outputs).model_dump()})
+                break
+            try:
+                index, output = await generation.next()
+            except ApiError as exc:  # the deadline passed mid-stream: say so, then end the stream
+                yield sse(exc.body())
+                break
+        yield DONE
+
+    return EventStream(events(), on_close=generation.close)

@@ -1,0 +1,148 @@
+"""The HTTP app in this process, under a real uvicorn on loopback, with real tiny bundles:
+which replica a request runs on decides everything about it, and an engine that dies under a
+request is answered as readiness answers.
+
+A swap or a death at the worst moment is made certain, not waited for: the state's acquire
+is wrapped so the event happens exactly between a request arriving and its replica being taken.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import uvicorn
+
+from aieng_core.bundle.serving_bundle import build_serving_bundle
+from aieng_core.loadgen.http_client import Reply, request
+from aieng_core.loadgen.server_process import free_port
+from aieng_core.serving.http.app import create_app
+from aieng_core.serving.http.replica import Replica, open_replica
+from aieng_core.serving.http.state import ServingState
+from tests.bundle_fixtures import BundledHome
+
+READY_TIMEOUT_S = 60.0
+
+
+@dataclass
+class InProcessServer:
+    port: int
+    state: ServingState
+
+    def post(self, path: str, body: dict) -> Reply:
+        return request(self.port, "POST", path, body, timeout=30)
+
+    def get(self, path: str) -> Reply:
+        return request(self.port, "GET", path, timeout=30)
+
+
+@pytest.fixture
+def serve(serving_bundle_artifact: BundledHome) -> Iterator[Callable[[Path], InProcessServer]]:
+    """Start create_app on a bundle under uvicorn in a thread; stopped at the end of the test."""
+    running: list[tuple[uvicorn.Server, threading.Thread]] = []
+
+    def start(bundle_path: Path) -> InProcessServer:
+        app = create_app(bundle_path, serving_bundle_artifact.config, admin_token=None)
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on"))
+        thread = threading.Thread(target=server.run, name="uvicorn-under-test", daemon=True)
+        thread.start()
+        running.append((server, thread))
+        started = InProcessServer(port, app.state.serving)
+        ready = threading.Event()
+        while not ready.wait(0.02):
+            try:
+                if started.get("/health/ready").status == 200:
+                    ready.set()
+            except OSError:
+                pass  # not listening yet
+            if not thread.is_alive():
+                raise AssertionError("uvicorn exited before the app was ready")
+        return started
+
+    yield start
+    for server, thread in running:
+        server.should_exit = True
+        thread.join(READY_TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def other_defaults(serving_bundle_artifact: BundledHome, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same model bundled with default_max_new_tokens 5 (the tiny config says 16)."""
+    import shutil
+
+    from aieng_core.store import ArtifactStore
+
+    home = tmp_path_factory.mktemp("other-defaults") / "home"
+    shutil.copytree(serving_bundle_artifact.home, home)
+    config = serving_bundle_artifact.config
+    recipe = config.bundle.model_copy(update={"default_max_new_tokens": 5})
+    bundle = build_serving_bundle(ArtifactStore(home), config.model_copy(update={"bundle": recipe}))
+    assert bundle.id != serving_bundle_artifact.bundle.id
+    return bundle.path
+
+
+def swap_when_acquired(state: ServingState, monkeypatch: pytest.MonkeyPatch, replica: Replica) -> None:
+    """The next acquire() finds `replica` installed: a reload completed just as a request came in."""
+    acquire = state.acquire
+
+    def swapped() -> Replica:
+        monkeypatch.setattr(state, "acquire", acquire)
+        state._install(replica)
+        return acquire()
+
+    monkeypatch.setattr(state, "acquire", swapped)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "tokens_of"),
+    [
+        ("/generate", {"prompt": "The data pipeline", "ignore_eos": True}, lambda answer: [answer["tokens"]]),
+        (
+            "/predict",
+            {"inputs": ["The data", "A model"], "options": {"ignore_eos": True}},
+            lambda answer: [output["tokens"] for output in answer["outputs"]],
+        ),
+    ],
+    ids=["generate", "predict"],
+)
+def test_a_request_takes_its_defaults_from_the_replica_it_runs_on(
+    serve, serving_bundle_artifact: BundledHome, other_defaults: Path, monkeypatch, path, body, tokens_of
+) -> None:
+    server = serve(serving_bundle_artifact.bundle.path)  # default_max_new_tokens 16
+    assert set(tokens_of(server.post(path, body).json)) == {16}
+    replica = open_replica(other_defaults, serving_bundle_artifact.config, server.state._on_step)
+    swap_when_acquired(server.state, monkeypatch, replica)
+    reply = server.post(path, body)
+    assert reply.status == 200, reply.body
+    # The bundle that answered is the new one, and so are the defaults it answered with.
+    assert server.state.current is replica
+    assert set(tokens_of(reply.json)) == {5}
+
+
+def test_an_engine_that_dies_under_a_request_is_a_503_as_readiness_says(
+    serve, serving_bundle_artifact: BundledHome, monkeypatch
+) -> None:
+    server = serve(serving_bundle_artifact.bundle.path)
+    state = server.state
+    acquire = state.acquire
+
+    def dies_after_acquiring() -> Replica:
+        replica = acquire()
+        replica.loop.stop()  # the loop is gone before the request reaches it
+        return replica
+
+    monkeypatch.setattr(state, "acquire", dies_after_acquiring)
+    reply = server.post("/generate", {"prompt": "The data pipeline", "max_new_tokens": 4})
+    assert (reply.status, reply.error_code) == (503, "engine_failed"), reply.body
+    ready = server.get("/health/ready")
+    assert (ready.status, ready.error_code) == (503, "engine_failed")
+    assert reply.error["message"] == ready.error["message"] == "the engine loop stopped after an error"
+    # And every request after it, through the same one answer.
+    monkeypatch.setattr(state, "acquire", acquire)
+    for path, body in (("/generate", {"prompt": "x"}), ("/v1/completions", {"prompt": "x", "max_tokens": 2})):
+        again = server.post(path, body)
+        assert (again.status, again.error_code) == (503, "engine_failed"), (path, again.body)
