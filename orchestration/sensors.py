@@ -19,7 +19,8 @@ PAGE = 100
 deploy_job = dg.define_asset_job(
     "deploy",
     selection=[production_deployment],
-    description="The promotion gate on the current serving bundle (verify, warmup, stress, drill), then promote.",
+    description="The promotion gate on the current serving bundle (verify, warmup, compare, stress, drill), "
+    "then promote.",
 )
 
 

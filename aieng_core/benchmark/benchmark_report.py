@@ -94,13 +94,29 @@ def dataset_of(store: ArtifactStore, model: Artifact) -> Artifact:
     return store.check_input(store.get(DATASET_KIND, ids[0]))
 
 
+# The bundle: keys the report reads (the engine's context and prefill, the golden prompts): a
+# request default or the goldens' thread count decides nothing here.
+BUNDLE_KEYS = ("max_context", "max_prefill_tokens", "golden_prompts", "golden_max_new_tokens")
+
+
+def report_config_sha256(config: AiengConfig) -> str:
+    """benchmark: what is measured; training: the validation windows (block_size, batch_size,
+    eval_batches); bundle: BUNDLE_KEYS."""
+    recipe = config.bundle.model_dump(mode="json")
+    return sha256_json(
+        {
+            "benchmark": config.benchmark.model_dump(mode="json"),
+            "bundle": {key: recipe[key] for key in BUNDLE_KEYS},
+            "training": config.training.model_dump(mode="json"),
+        }
+    )
+
+
 def report_spec(config: AiengConfig, model: Artifact, dataset: Artifact) -> ArtifactSpec:
     return ArtifactSpec(
         kind=KIND,
         code_version=CODE_VERSION,
-        # benchmark: what is measured; bundle: the engine limits and golden prompts; training:
-        # the validation windows (block_size, batch_size, eval_batches).
-        config_sha256=config.section_sha256("benchmark", "bundle", "training"),
+        config_sha256=report_config_sha256(config),
         inputs=((MODEL_KIND, model.id), (DATASET_KIND, dataset.id)),
         recipe={"device": DEVICE},
     )

@@ -1,7 +1,7 @@
 """Latency against concurrency: a closed loop through a threaded engine (EngineLoop, as the
 HTTP server drives it) keeping `concurrency` requests in flight until all are done.
 
-Each request's timeline is a serving_stats.RequestRecord, summarized with the same
+Each request's timeline is a loadgen/stats.py RequestRecord, summarized with the same
 definitions as the serving benchmark (TTFT, TPOT, ITL, E2EL), measured in process: from
 submitting a request to the engine loop to its sink receiving each token.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 from aieng_core.loadgen.stats import RequestRecord, summarize
 
-# What a latency level keeps of serving_stats.summarize (no SLOs here: goodput is the gate's).
+# What a latency level keeps of loadgen/stats.py's summarize (no SLOs here: goodput is the gate's).
 LEVEL_FIELDS = (
     "requests",
     "completed",

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -78,12 +78,6 @@ class PartialModelRefused(ValueError):
 
 class BenchmarkReportMismatch(ValueError):
     """The current benchmark report measured another model than the one the bundle would pack."""
-
-
-def golden_limits(serving: dict[str, Any], prompts: int) -> dict[str, int]:
-    """Engine limits for recording or replaying goldens: the bundle's own, with every golden
-    prompt waiting at once (the queue's length is the server's, and never shapes the batch)."""
-    return {**{name: int(serving[name]) for name in ENGINE_LIMIT_FIELDS}, "max_waiting": prompts}
 
 
 def engine_for(model: Any, tokenizer: Any, serving: dict[str, Any], max_waiting: int) -> Any:
@@ -153,21 +147,22 @@ def produce_bundle_files(
         model = load_model(copied, GOLDEN_DEVICE)
         engine = engine_for(model, load_tokenizer(staging), settings, max_waiting=len(prompts))
         outputs = greedy_continuations(engine, prompts, recipe.golden_max_new_tokens)
-    limits = golden_limits(settings, len(prompts))
-    golden = {"device": GOLDEN_DEVICE, "threads": threads, "engine_limits": limits, "outputs": outputs}
+    # The limits the goldens were recorded with (every golden waiting at once: the queue's
+    # length is the server's, and never shapes the batch), repeated for readers.
+    golden = {"device": GOLDEN_DEVICE, "threads": threads, "engine_limits": asdict(engine.limits), "outputs": outputs}
     _write_json(staging / GOLDEN_FILE, golden)
 
     written = list(BUNDLE_FILES)
-    baseline: dict[str, Any] = {}
+    report_metrics: dict[str, Any] = {}
     if benchmark is not None:
         copy_benchmark(staging, benchmark)
         written.append(BENCHMARK_FILE)
-        baseline = {"benchmark_report_id": benchmark.id, "benchmark": benchmark.metrics}
+        report_metrics = {"benchmark_report_id": benchmark.id, "benchmark": benchmark.metrics}
 
     content = {name: sha256_file(staging / name) for name in BUNDLE_FILES}
     metrics = {
         "model_checkpoint_id": model_artifact.id,
-        **baseline,
+        **report_metrics,
         "parameters": model.num_parameters(),
         "eos_token_id": model_config.eos_token_id,
         "golden_prompts": len(outputs),
@@ -228,7 +223,7 @@ def bundle_spec(config: AiengConfig, model: Artifact, report: Artifact) -> Artif
         config_sha256=config.section_sha256("bundle"),
         inputs=((MODEL_KIND, model.id), (BENCHMARK_KIND, report.id)),
         # A report's id is its recipe's, and its figures are measurements: its content hash names
-        # the figures this bundle carries (a report measured again under the same id is another baseline).
+        # the figures this bundle carries (a report measured again under the same id holds other figures).
         recipe={"device": GOLDEN_DEVICE, "threads": threads, "benchmark_report_sha256": report.content_sha256},
     )
 

@@ -112,7 +112,7 @@ def _replay(artifact: Artifact, golden_doc: dict[str, Any], serving: dict[str, A
     from aieng_core.tokenizer.bpe import load_tokenizer
 
     outputs = golden_doc["outputs"]
-    # The limits the goldens were recorded with (golden.json repeats them for readers).
+    # The limits the goldens were recorded with: the bundle's, every golden waiting at once.
     with torch_threads(int(golden_doc["threads"])):
         cpu_model = model if model is not None else _load_model(artifact, GOLDEN_DEVICE)
         engine = engine_for(cpu_model, load_tokenizer(artifact.path), serving, max_waiting=len(outputs))

@@ -14,9 +14,10 @@ import argparse
 import sys
 from typing import Any
 
-from aieng_core.deploy.deployments import DEFAULT_POINTER, Deployments
+from aieng_core.deploy.deployments import Deployments
 from aieng_core.home import resolve_home
 from aieng_core.output import emit
+from aieng_core.store.pointers import PRODUCTION
 
 HISTORY_SHOWN = 10
 
@@ -154,9 +155,9 @@ def cmd_deploy_gate(args: argparse.Namespace) -> int:
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pointer",
-        default=DEFAULT_POINTER,
+        default=PRODUCTION,
         metavar="NAME",
-        help=f"deployment pointer (default {DEFAULT_POINTER}; the gate's drill uses its own)",
+        help=f"deployment pointer (default {PRODUCTION}; the gate's drill uses its own)",
     )
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
 

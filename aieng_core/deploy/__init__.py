@@ -1,10 +1,10 @@
-"""Deployment state: which serving bundle each pointer serves now, and how it got there."""
+"""Deployment policy: promote a serving bundle that verifies, roll back to one that exists.
+The pointer files themselves are store/pointers.py's."""
 
 from aieng_core.deploy.deployments import (
-    DEFAULT_POINTER,
     DeploymentError,
     Deployments,
     DeploymentStateError,
 )
 
-__all__ = ["DEFAULT_POINTER", "DeploymentError", "DeploymentStateError", "Deployments"]
+__all__ = ["DeploymentError", "DeploymentStateError", "Deployments"]

@@ -27,9 +27,7 @@ from aieng_core.store.pointers import (
     Pointer,
 )
 
-__all__ = ["DEFAULT_POINTER", "DeploymentError", "DeploymentStateError", "Deployments", "default_actor"]
-
-DEFAULT_POINTER = PRODUCTION
+__all__ = ["DeploymentError", "DeploymentStateError", "Deployments", "default_actor"]
 
 log = logging.getLogger("aieng.deploy")
 
@@ -50,7 +48,7 @@ def default_actor() -> str:
 class Deployments:
     """One deployment pointer of `home` (`$AIENG_HOME`): read it, promote a bundle, roll back."""
 
-    def __init__(self, home: Path | str, pointer: str = DEFAULT_POINTER, store: ArtifactStore | None = None) -> None:
+    def __init__(self, home: Path | str, pointer: str = PRODUCTION, store: ArtifactStore | None = None) -> None:
         self.home = Path(home)
         self.files = Pointer(self.home, pointer)
         self.pointer = self.files.name

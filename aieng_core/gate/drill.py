@@ -1,4 +1,4 @@
-"""Gate step 4: the rollback drill, on a real server following a pointer of its own.
+"""Gate step 5: the rollback drill, on a real server following a pointer of its own.
 
 `aieng serve --deployment current --pointer drill` (the gate's home and config) serves
 whatever the drill pointer names, as production's servers follow production's. The drill

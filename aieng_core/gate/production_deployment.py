@@ -72,8 +72,8 @@ def already_serving(production: Deployments, bundle_id: str) -> dict[str, Any] |
     return {"sequence": current["sequence"], "since": current["updated_at"], "event": baseline_event(production)}
 
 
-def not_gated_again(bundle_id: str, serving: dict[str, Any]) -> str:
-    return f"production already serves {BUNDLE_KIND} {bundle_id} (sequence {serving['sequence']}): nothing to gate"
+def not_gated_again(bundle_id: str, sequence: int) -> str:
+    return f"production already serves {BUNDLE_KIND} {bundle_id} (sequence {sequence}): nothing to gate"
 
 
 def run_gate(
@@ -108,9 +108,8 @@ def _run_gate(
     artifact = production.store.get(BUNDLE_KIND, bundle_id)
     serving = already_serving(production, bundle_id)
     if serving is not None:
-        raise DeploymentError(not_gated_again(bundle_id, serving))
-    current = production.current()
-    deployed_path = production.current_bundle_path()
+        raise DeploymentError(not_gated_again(bundle_id, serving["sequence"]))
+    current = production.current()  # what the gate measures against, and must find again to promote
     actor = actor or default_actor()
     report = GateReport(
         bundle_id=bundle_id,
@@ -129,7 +128,7 @@ def _run_gate(
     steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
         ("verify", lambda: verify_step(artifact.path, bundle_id)),
         ("warmup", lambda: warmup_step(artifact.path, config)),
-        ("compare", lambda: compare_step(artifact.path, deployed_path, config)),
+        ("compare", lambda: compare_step(artifact.path, production, config)),
         ("stress", lambda: stress_step(home, artifact.path, config, config_path, work_dir, production)),
         ("drill", lambda: drill_step(home, bundle_id, config, config_path, work_dir, actor, run_id)),
     ]

@@ -20,9 +20,20 @@ LOAD_KEYS = ("concurrencies", "poisson_rates", "requests_per_level", "max_new_to
 
 
 def load_sha256(config: Any) -> str:
-    """Hash of what decides the stress figures: the serving: section and the gate's load keys."""
-    gate = config.gate.model_dump(mode="json")
-    return sha256_json({"serving": config.serving.model_dump(mode="json"), "gate": {k: gate[k] for k in LOAD_KEYS}})
+    """Hash of what decides the stress figures: the server's settings (serving:), the engine
+    limits bundles are built with (bundle:'s max_batch, max_context, max_prefill_tokens) and
+    the gate's load keys. (Before the bundle: section split from serving:, the engine limits
+    were in the serving: hash: figures recorded then are "not comparable", never misread.)"""
+    from aieng_core.bundle.serving_bundle import ENGINE_LIMIT_FIELDS
+
+    gate, recipe = config.gate.model_dump(mode="json"), config.bundle.model_dump(mode="json")
+    return sha256_json(
+        {
+            "serving": config.serving.model_dump(mode="json"),
+            "bundle": {k: recipe[k] for k in ENGINE_LIMIT_FIELDS},
+            "gate": {k: gate[k] for k in LOAD_KEYS},
+        }
+    )
 
 
 # (figure, path inside a level's figures, whether higher is better)

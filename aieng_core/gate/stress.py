@@ -1,4 +1,4 @@
-"""Gate step 3: the candidate under load in a real `aieng serve`, against the SLOs.
+"""Gate step 4: the candidate under load in a real `aieng serve`, against the SLOs.
 
 The candidate is served by `aieng serve --bundle PATH` in a subprocess on a free loopback port
 (loadgen/server_process.py), with the gate's config. Load comes from loadgen/http_load.py: a
@@ -82,7 +82,7 @@ def stress_requests(bundle_path: Path, config: AiengConfig) -> list[Any]:
 
 
 def level_figures(kind: str, load: float, records: list[Any], planned: int, slo_ms: dict[str, float]) -> dict[str, Any]:
-    """One load level: serving_stats.summarize's figures, with failures split into errors,
+    """One load level: loadgen/stats.py's summarize's figures, with failures split into errors,
     429s and requests the time bound cut (unfinished) or never sent (unsent)."""
     from aieng_core.loadgen.http_load import NOT_FINISHED
     from aieng_core.loadgen.stats import summarize

@@ -86,10 +86,8 @@ def _load_and_warm(
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     figures["probe"] = {"prompt": probe["prompt"], "max_new_tokens": new_tokens}
     figures["cold_first_request_ms"] = _timed_ms(engine, probe["prompt"], params)
-    lengths = [n for n in serving.warmup_prompt_lengths if n < engine.limits.max_context]
     started = time.perf_counter()
-    warmup = engine.warmup(lengths)
-    engine.check_forward()
+    warmup = engine.prepare_to_serve(serving.warmup_prompt_lengths)  # as the server does before readiness
     figures["warmup_seconds"] = time.perf_counter() - started
     figures["warmup_buckets"] = warmup["buckets"]
     figures["warm_first_request_ms"] = _timed_ms(engine, probe["prompt"], params)
@@ -143,7 +141,7 @@ def warmup_step(bundle_path: Path, config: AiengConfig) -> dict[str, Any]:
             "warmup",
             "peak_memory_bytes",
             f"loading and warming the bundle on {device} took more memory than the budget rule allows "
-            f"({figures['memory_budget_rule']}); shrink serving.max_batch / max_context (the KV-cache pool) "
+            f"({figures['memory_budget_rule']}); shrink bundle.max_batch / max_context (the KV-cache pool) "
             "or serve on a larger device",
             value=peak,
             limit=budget_bytes,

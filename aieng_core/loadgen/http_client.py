@@ -142,22 +142,30 @@ class open_request:  # noqa: N801 - used as `async with open_request(...) as rep
 
     async def __aenter__(self) -> StreamedReply:
         reader, self.writer = await asyncio.open_connection(HOST, self.port)
-        self.writer.write(self.head + self.payload)
-        await self.writer.drain()
-        status = int((await reader.readline()).split()[1])
-        headers: dict[str, str] = {}
-        while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
-            name, _, value = line.decode("latin-1").partition(":")
-            headers[name.strip().lower()] = value.strip()
+        try:
+            self.writer.write(self.head + self.payload)
+            await self.writer.drain()
+            status = int((await reader.readline()).split()[1])  # IndexError: closed before a status line
+            headers: dict[str, str] = {}
+            while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+                name, _, value = line.decode("latin-1").partition(":")
+                headers[name.strip().lower()] = value.strip()
+        except BaseException:
+            await self._close()  # __aexit__ never runs for a failed __aenter__
+            raise
         return StreamedReply(status, headers, reader)
 
     async def __aexit__(self, *_exc: object) -> None:
+        await self._close()
+
+    async def _close(self) -> None:
         if self.writer is not None:
             self.writer.close()
             try:
                 await self.writer.wait_closed()
             except OSError:
                 pass
+            self.writer = None
 
 
 async def sse_data(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

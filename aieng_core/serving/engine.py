@@ -280,6 +280,13 @@ class Engine:
             )
         return {"buckets": timings}
 
+    def prepare_to_serve(self, prompt_lengths: Sequence[int]) -> dict[str, Any]:
+        """What readiness promises, before it turns 200: a warmup generation per prompt length
+        that fits this engine's context, then a one-token forward. Returns warmup()'s timings."""
+        timings = self.warmup([n for n in prompt_lengths if n < self.limits.max_context])
+        self.check_forward()
+        return timings
+
     @torch.inference_mode()
     def check_forward(self) -> None:
         """One one-token forward through a free slot: what readiness promises works."""

@@ -15,13 +15,9 @@ from collections.abc import Callable, Sequence
 
 from aieng_core.serving.engine import Engine, EngineStats, RequestOutput, StepStats
 from aieng_core.serving.request import Request, RequestStatus, SamplingParams
-from aieng_core.serving.scheduler import QueueFull
+from aieng_core.serving.scheduler import EngineStopped, QueueFull
 
 log = logging.getLogger("aieng.serving.engine")
-
-
-class EngineStopped(RuntimeError):
-    """submit() after the loop stopped, or died: the request was never queued."""
 
 
 class EngineLoop:

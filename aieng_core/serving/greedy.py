@@ -13,7 +13,7 @@ from aieng_core.serving.request import SamplingParams
 def greedy_continuations(engine: Engine, prompts: Sequence[str], max_new_tokens: int) -> list[dict[str, Any]]:
     """One greedy generation per prompt, all submitted together:
     `[{prompt, prompt_ids, max_new_tokens, token_ids, text, finish_reason}]`."""
-    outputs = engine.generate(list(prompts), SamplingParams(max_new_tokens=max_new_tokens))
+    outputs = engine.generate(list(prompts), SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0))
     return [
         {
             "prompt": prompt,

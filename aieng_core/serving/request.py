@@ -34,9 +34,13 @@ class SamplingParams:
     temperature 0 (below GREEDY_TEMPERATURE) is greedy (top_k, top_p and seed are then irrelevant). top_k 0 means no
     top-k cut; top_p 1.0 means no nucleus cut. With a seed, sampled output is reproducible
     whatever else shares the batch: each request draws from its own generator.
+
+    The engine has no product defaults: a caller always says how many tokens, and what it
+    leaves out is the neutral value (greedy, no cut). What a server request leaves out comes
+    from its bundle (the bundle: config section, serving.json), never from here.
     """
 
-    max_new_tokens: int = 64
+    max_new_tokens: int
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0

@@ -26,6 +26,11 @@ class SlotPool(Protocol):
     def free(self, slot: int) -> None: ...
 
 
+class EngineStopped(RuntimeError):
+    """A request submitted to an engine loop that stopped (or died): never queued. Here, beside
+    QueueFull, so the HTTP server can catch both without importing the engine (torch)."""
+
+
 class QueueFull(Exception):
     """The waiting queue is at `max_waiting`: the caller should shed load (HTTP 429)."""
 

@@ -174,20 +174,23 @@ def _check_pointers(store: ArtifactStore, intact: set[tuple[str, str]]) -> list[
     bad: list[dict[str, Any]] = []
     for name in pointer_names(store.home):
         pointer = Pointer(store.home, name)
-        bundle_id = None
+
+        def bad_file(path: Path, problem: str, bundle_id: str | None = None) -> None:
+            bad.append({"ref": str(path), "kind": BUNDLE_KIND, "partition": None, "id": bundle_id, "problem": problem})
+
         try:
             bundle_id = pointer.current()["bundle_id"]
-            pointer.read_history(warn=False)
         except DeploymentStateError as exc:
-            problem: str | None = str(exc)
+            bad_file(pointer.current_path, str(exc))
         else:
-            problem = None
             if bundle_id is not None and (BUNDLE_KIND, bundle_id) not in intact:
                 exists = (store.root / BUNDLE_KIND / bundle_id).is_dir()
                 problem = f"{BUNDLE_KIND} {bundle_id} is {'damaged' if exists else 'not in the store'}"
-        if problem is not None:
-            ref = str(pointer.current_path)
-            bad.append({"ref": ref, "kind": BUNDLE_KIND, "partition": None, "id": bundle_id, "problem": problem})
+                bad_file(pointer.current_path, problem, bundle_id)
+        try:
+            pointer.read_history(warn=False)
+        except DeploymentStateError as exc:
+            bad_file(pointer.history_path, str(exc))
     return bad
 
 

@@ -58,7 +58,7 @@ def steps_table(steps: list[dict[str, Any]]) -> str:
 
 
 def levels_table(levels: dict[str, dict[str, Any]]) -> str:
-    """The stress test, one row per load level (serving_stats definitions)."""
+    """The stress test, one row per load level (loadgen/stats.py definitions)."""
     header = "| level | " + " | ".join(name for name, _ in LEVEL_COLUMNS) + " |"
     rows = [header, "|---" * (len(LEVEL_COLUMNS) + 1) + "|"]
     for name, figures in levels.items():
@@ -121,7 +121,7 @@ def production_deployment(context: dg.AssetExecutionContext, aieng: AiengResourc
         )
     serving = gate_core.already_serving(production, bundle.id)
     if serving is not None:
-        note = gate_core.not_gated_again(bundle.id, serving)
+        note = gate_core.not_gated_again(bundle.id, serving["sequence"])
         context.log.info(note)
         return dg.MaterializeResult(
             data_version=dg.DataVersion(f"{bundle.id}:{serving['sequence']}"),

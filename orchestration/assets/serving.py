@@ -63,7 +63,7 @@ def serving_bundle(context: dg.AssetExecutionContext, aieng: AiengResource) -> d
             "golden_prompts": metrics["golden_prompts"],
             "golden_outputs": dg.MetadataValue.md(golden_table(golden["outputs"])),
             "benchmark": dg.MetadataValue.md(figures_markdown(benchmark)),
-            "benchmark_baseline": dg.MetadataValue.json(metrics["benchmark"]),
+            "benchmark_metrics": dg.MetadataValue.json(metrics["benchmark"]),
             "serving_limits": dg.MetadataValue.json(serving),
             "lineage": dg.MetadataValue.json(lineage),
             "serve_command": dg.MetadataValue.text(f"aieng serve --bundle {artifact.path}"),

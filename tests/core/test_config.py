@@ -175,3 +175,21 @@ def test_section_hash_depends_only_on_that_section(tmp_path: Path) -> None:
     assert changed.section_sha256("data") == base.section_sha256("data")
     assert changed.section_sha256("dataset") == base.section_sha256("dataset")
     assert load_config(TINY_CONFIG).section_sha256("tokenizer") == base.section_sha256("tokenizer")
+
+
+@pytest.mark.parametrize("key", ["max_batch", "golden_prompts", "default_temperature", "allow_partial_model"])
+def test_a_recipe_key_left_under_serving_says_where_it_moved(tmp_path: Path, key: str) -> None:
+    """serving: was split: what decides a bundle moved to bundle:. A config written before says
+    so by name, not just "unknown key"."""
+    message = config_error(write_config(tmp_path, f"serving:\n  {key}: 1\n"))
+    assert message.endswith(
+        f"invalid config: serving.{key}: moved to bundle.{key} "
+        "(the bundle's recipe; serving: keeps what the server reads)"
+    )
+
+
+def test_warmup_lengths_must_fit_the_bundles_context(tmp_path: Path) -> None:
+    message = config_error(
+        write_config(tmp_path, "bundle:\n  max_context: 16\nserving:\n  warmup_prompt_lengths: [4, 16]\n")
+    )
+    assert "serving.warmup_prompt_lengths: 16 is not below bundle.max_context (16)" in message

@@ -228,9 +228,10 @@ def test_a_deployment_pointer_is_read_as_every_reader_reads_it(home: Path) -> No
     )
     (torn_history / "history.jsonl").write_text("{not an event}\n")
     bad = {ref["ref"]: ref for ref in verify_store(home)["bad_refs"]}
-    assert sorted(bad) == [str(torn_history / "current.json"), str(incomplete / "current.json")]
+    # Each problem names the file that is damaged.
+    assert sorted(bad) == [str(torn_history / "history.jsonl"), str(incomplete / "current.json")]
     assert "missing pointer, bundle_path, updated_at, stack" in bad[str(incomplete / "current.json")]["problem"]
-    assert "history.jsonl, line 1: not a JSON event" in bad[str(torn_history / "current.json")]["problem"]
+    assert "history.jsonl, line 1: not a JSON event" in bad[str(torn_history / "history.jsonl")]["problem"]
 
 
 def test_a_damaged_copy_set_aside_is_listed_not_damage(store: ArtifactStore, home: Path) -> None:

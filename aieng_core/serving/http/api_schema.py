@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from aieng_core.config import BundleConfig
 from aieng_core.serving.http.api_models import ErrorBody, ReloadRequest
 
 ERROR_DESCRIPTIONS = {
@@ -98,7 +97,7 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return responses
 
 
-def finish_openapi(schema: dict[str, Any], recipe: BundleConfig) -> dict[str, Any]:
+def finish_openapi(schema: dict[str, Any], max_context: int) -> dict[str, Any]:
     """Complete FastAPI's document in place (idempotent: FastAPI caches it) and return it."""
     for operations in schema.get("paths", {}).values():
         for operation in operations.values():
@@ -109,13 +108,13 @@ def finish_openapi(schema: dict[str, Any], recipe: BundleConfig) -> dict[str, An
     for name in FASTAPI_VALIDATION_SCHEMAS:
         components.get("schemas", {}).pop(name, None)
 
-    largest = recipe.max_context - 1
+    largest = max_context - 1
     for model, field in SAMPLING_BOUNDS:
         prop = components["schemas"][model]["properties"][field]
         for branch in prop.get("anyOf", [prop]):
             if branch.get("type") == "integer":
                 branch["maximum"] = largest
-        prop["description"] = f"At most max_context ({recipe.max_context}) minus the prompt's tokens."
+        prop["description"] = f"At most max_context ({max_context}) minus the prompt's tokens."
 
     components.setdefault("securitySchemes", {})[ADMIN_SCHEME] = {
         "type": "http",

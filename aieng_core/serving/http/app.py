@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,8 +19,10 @@ from aieng_core.serving.http.api_models import error_body
 from aieng_core.serving.http.api_schema import finish_openapi
 from aieng_core.serving.http.errors import ApiError, validation_error
 from aieng_core.serving.http.following import PointerTarget, follow_pointer
-from aieng_core.serving.http.middleware import BodyLimitMiddleware, RequestContextMiddleware, log
+from aieng_core.serving.http.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from aieng_core.serving.http.state import ServingState
+
+log = logging.getLogger("aieng.serving.http")
 
 
 def create_app(
@@ -51,7 +54,11 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.serving.max_request_bytes)
     app.add_middleware(RequestContextMiddleware, state=state)
     fastapi_openapi = app.openapi
-    app.openapi = lambda: finish_openapi(fastapi_openapi(), config.bundle)  # type: ignore[method-assign]
+    # The limits of the bundle served now (the config's until one is loaded: a bundle built
+    # under another recipe has other limits).
+    app.openapi = lambda: finish_openapi(  # type: ignore[method-assign]
+        fastapi_openapi(), state.current.max_context if state.current is not None else config.bundle.max_context
+    )
     for router in (routes_native.router, routes_openai.router, routes_ops.router, routes_admin.router):
         app.include_router(router)
 

@@ -4,13 +4,15 @@ with a message naming the field as the client spelled it, and never a stack trac
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi.responses import JSONResponse
 
-from aieng_core.serving.engine import RequestOutput
 from aieng_core.serving.http.api_models import error_body
 from aieng_core.serving.request import RequestError, SamplingParams
+
+if TYPE_CHECKING:  # the engine (torch) is imported only where it runs: the server answers before it loads
+    from aieng_core.serving.engine import RequestOutput
 
 # Seconds a client told 429 should wait: a slot frees as soon as any running sequence ends.
 RETRY_AFTER_S = 1

@@ -15,21 +15,29 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from starlette.requests import Request as HttpRequest
 from starlette.types import Receive
 
-from aieng_core.serving.engine import RequestOutput
-from aieng_core.serving.engine_loop import EngineStopped
 from aieng_core.serving.http.api_models import OpenAIFinishReason, RequestDefaults, Usage
-from aieng_core.serving.http.errors import ApiError, ClientGone, queue_full, request_error, unfinished_error
+from aieng_core.serving.http.errors import (
+    ApiError,
+    ClientGone,
+    checked_params,
+    queue_full,
+    request_error,
+    unfinished_error,
+)
 from aieng_core.serving.http.logs import current_context
 from aieng_core.serving.http.metrics import RequestTracker
 from aieng_core.serving.http.replica import Replica
 from aieng_core.serving.http.state import ServingState
 from aieng_core.serving.request import Request, RequestError, SamplingParams
-from aieng_core.serving.scheduler import QueueFull
+from aieng_core.serving.scheduler import EngineStopped, QueueFull
+
+if TYPE_CHECKING:
+    from aieng_core.serving.engine import RequestOutput
 
 log = logging.getLogger("aieng.serving.http")
 
@@ -179,10 +187,7 @@ def begin(
     generation = Generation(state, replica, arrival)
     try:
         check_model(model, replica)
-        try:
-            params = params_for(replica.defaults)
-        except RequestError as exc:
-            raise request_error(exc, rename) from None
+        params = checked_params(lambda: params_for(replica.defaults), rename)
         generation.submit(request_id, prompts, params, rename)
     except BaseException:
         generation.close()

@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 from aieng_core.config import AiengConfig
 from aieng_core.serving.device import resolve_device
-from aieng_core.serving.engine import EngineStats, StepStats
-from aieng_core.serving.engine_loop import EngineLoop
 from aieng_core.serving.http.api_models import RequestDefaults
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch: imported by open_replica, off the event loop, never to start the server
     from aieng_core.bundle.verify import LoadedBundle
+    from aieng_core.serving.engine import EngineStats, StepStats
+    from aieng_core.serving.engine_loop import EngineLoop
 
-OnStep = Callable[[StepStats, EngineStats], None]
+OnStep = Callable[["StepStats", "EngineStats"], None]
 
 
 @dataclass
@@ -52,13 +52,12 @@ def open_replica(bundle_path: Path, config: AiengConfig, on_step: OnStep) -> Rep
     memory and context (max_batch, max_context, max_prefill_tokens) and the request defaults;
     the server's config fixes how it behaves under load (max_waiting, timeouts, threads)."""
     from aieng_core.bundle.verify import load_bundle
+    from aieng_core.serving.engine_loop import EngineLoop
 
     serving = config.serving
     bundle = load_bundle(bundle_path, device=resolve_device(serving.device))
     engine = bundle.make_engine(max_waiting=serving.max_waiting)
-    lengths = [n for n in serving.warmup_prompt_lengths if n < engine.limits.max_context]
-    warmup = engine.warmup(lengths)
-    engine.check_forward()
+    warmup = engine.prepare_to_serve(serving.warmup_prompt_lengths)
     defaults = RequestDefaults.of_bundle(bundle.serving)
     loop = EngineLoop(engine, on_step=on_step).start()
     return Replica(bundle=bundle, loop=loop, defaults=defaults, warmup=warmup)

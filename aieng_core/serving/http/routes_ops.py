@@ -42,10 +42,8 @@ async def ready(state: ServingState = Depends(serving_state)) -> Any:
 @router.get("/version", responses={200: {"model": VersionInfo}, **error_responses(503)})
 async def version(state: ServingState = Depends(serving_state)) -> Any:
     replica = state.current
-    if replica is None:
-        if state.phase == "ready":
-            raise unavailable(state.no_bundle_message(), "no_deployment")
-        raise unavailable("no bundle is loaded yet", "loading")
+    if replica is None:  # nothing to describe: say why, as readiness does
+        raise state.unavailable() or unavailable("no bundle is loaded yet", "loading")
     manifest = replica.bundle.manifest
     return {
         "bundle_id": replica.bundle_id,

@@ -24,7 +24,7 @@ from aieng_core.config import AiengConfig
 from aieng_core.serving.http.logs import configure_logging
 from aieng_core.store.pointers import PRODUCTION
 
-log = logging.getLogger("aieng.serving.http.server")
+log = logging.getLogger("aieng.serving.server")
 
 ADMIN_TOKEN_ENV = "AIENG_ADMIN_TOKEN"
 # After the drain, how long uvicorn may wait for connections to close before cancelling them.

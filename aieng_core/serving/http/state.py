@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request as HttpRequest
 
 from aieng_core.config import AiengConfig
-from aieng_core.serving.engine import EngineStats, StepStats
 from aieng_core.serving.http.errors import ApiError, unavailable
 from aieng_core.serving.http.metrics import ServingMetrics
 from aieng_core.serving.http.replica import Replica, open_replica
 from aieng_core.store import ArtifactIntegrityError
 
 if TYPE_CHECKING:
+    from aieng_core.serving.engine import EngineStats, StepStats
     from aieng_core.serving.http.following import PointerTarget
 
 log = logging.getLogger("aieng.serving.http")

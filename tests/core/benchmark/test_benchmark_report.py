@@ -25,6 +25,7 @@ from aieng_core.benchmark.benchmark_report import (
     build_benchmark_report,
     dataset_of,
     read_report,
+    report_config_sha256,
     report_spec,
 )
 from aieng_core.benchmark.summary import summary_metrics
@@ -120,7 +121,7 @@ def test_the_artifact_holds_the_report_and_two_plots(benchmark_report_artifact: 
         {"kind": "model_checkpoint", "id": trained_home.model.id},
         {"kind": "dataset_manifest", "id": dataset.id},
     ]
-    assert manifest["config_sha256"] == trained_home.config.section_sha256("benchmark", "bundle", "training")
+    assert manifest["config_sha256"] == report_config_sha256(trained_home.config)
     assert artifact.id == report_spec(trained_home.config, trained_home.model, dataset).artifact_id()
     assert artifact.content_sha256 == sha256_json({name: sha256_file(artifact.file(name)) for name in REPORT_FILES})
     for plot in (THROUGHPUT_PLOT, LATENCY_PLOT):

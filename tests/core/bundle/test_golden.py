@@ -12,7 +12,7 @@ from aieng_core.bundle.serving_bundle import GOLDEN_FILE
 from aieng_core.model.hf_files import load_model
 from aieng_core.serving.device import torch_threads
 from aieng_core.serving.engine import Engine, EngineLimits
-from aieng_core.serving.greedy import greedy_continuations as record_goldens
+from aieng_core.serving.greedy import greedy_continuations
 from aieng_core.tokenizer.bpe import load_tokenizer
 from tests.bundle_fixtures import BundledHome
 
@@ -50,7 +50,7 @@ def test_recording_is_independent_of_the_batch(serving_bundle_artifact: BundledH
     )
     with torch_threads(doc["threads"]):
         for golden in doc["outputs"]:
-            [alone] = record_goldens(engine, [golden["prompt"]], golden["max_new_tokens"])
+            [alone] = greedy_continuations(engine, [golden["prompt"]], golden["max_new_tokens"])
             assert alone == golden
 
 

@@ -134,6 +134,17 @@ def test_a_recipe_change_makes_a_new_bundle(
         assert [len(o["token_ids"]) <= 4 for o in golden["outputs"]] == [True] * 3
 
 
+def test_a_recipe_key_the_report_does_not_read_keeps_the_report(
+    serving_bundle_artifact: BundledHome, benchmark_report_artifact: Artifact, copy_bundled_home
+) -> None:
+    store = copy_bundled_home(serving_bundle_artifact)
+    config = with_recipe(serving_bundle_artifact, default_temperature=0.7, golden_threads=1)
+    assert build_benchmark_report(store, config).id == benchmark_report_artifact.id
+    assert build_benchmark_report(store, with_recipe(serving_bundle_artifact, max_prefill_tokens=64)).id != (
+        benchmark_report_artifact.id
+    )
+
+
 @pytest.mark.parametrize(
     "changes",
     [

@@ -175,7 +175,7 @@ def test_prompt_plus_max_new_tokens_beyond_max_context_is_refused_not_truncated(
     assert refused.value.field == "max_new_tokens"
     engine.add_request("ok", prompt, SamplingParams(max_new_tokens=64 - len(prompt)))
     with pytest.raises(RequestError) as empty:
-        engine.add_request("e", "", SamplingParams())
+        engine.add_request("e", "", SamplingParams(max_new_tokens=1))
     assert empty.value.field == "prompt"
 
 

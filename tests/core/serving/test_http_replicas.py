@@ -146,3 +146,17 @@ def test_an_engine_that_dies_under_a_request_is_a_503_as_readiness_says(
     for path, body in (("/generate", {"prompt": "x"}), ("/v1/completions", {"prompt": "x", "max_tokens": 2})):
         again = server.post(path, body)
         assert (again.status, again.error_code) == (503, "engine_failed"), (path, again.body)
+
+
+def test_the_server_answers_before_the_engine_is_imported() -> None:
+    """/health/live answers at once: importing the HTTP app loads no torch (the engine is
+    imported where it runs, off the event loop)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, aieng_core.serving.http.app\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[]"

@@ -33,7 +33,7 @@ def draw_counts(probs: list[float], params: SamplingParams, draws: int) -> Count
 
 def test_greedy_rows_take_the_argmax() -> None:
     logits = random_logits(6, seed=0)
-    requests = [request(SamplingParams(), f"r{i}") for i in range(6)]
+    requests = [request(SamplingParams(max_new_tokens=1), f"r{i}") for i in range(6)]
 
     assert sample(logits, requests) == torch.argmax(logits, dim=-1).tolist()
 
@@ -42,12 +42,12 @@ def test_greedy_takes_the_first_of_tied_maxima() -> None:
     logits = torch.zeros(1, VOCAB)
     logits[0, 7] = logits[0, 3] = logits[0, 40] = 5.0
 
-    assert sample(logits, [request(SamplingParams())]) == [3]
+    assert sample(logits, [request(SamplingParams(max_new_tokens=1))]) == [3]
 
 
 def test_greedy_works_on_reduced_precision_logits() -> None:
     logits = random_logits(3, seed=1)
-    requests = [request(SamplingParams(), f"r{i}") for i in range(3)]
+    requests = [request(SamplingParams(max_new_tokens=1), f"r{i}") for i in range(3)]
 
     assert sample(logits.to(torch.bfloat16), requests) == torch.argmax(logits.to(torch.bfloat16), dim=-1).tolist()
 
@@ -58,11 +58,11 @@ def test_an_empty_batch_samples_nothing() -> None:
 
 def test_logits_rows_must_match_the_requests() -> None:
     with pytest.raises(ValueError, match=r"shape \(2, 50\) do not match 3 requests"):
-        sample(random_logits(2, seed=0), [request(SamplingParams(), f"r{i}") for i in range(3)])
+        sample(random_logits(2, seed=0), [request(SamplingParams(max_new_tokens=1), f"r{i}") for i in range(3)])
 
 
 def test_a_seeded_request_draws_the_same_tokens_alone_or_in_any_batch() -> None:
-    params = SamplingParams(temperature=0.9, top_k=30, top_p=0.95, seed=1234)
+    params = SamplingParams(max_new_tokens=1, temperature=0.9, top_k=30, top_p=0.95, seed=1234)
     row = random_logits(1, seed=5)[0] / 3  # flat enough that every draw is a real choice
 
     alone = request(params)
@@ -72,10 +72,10 @@ def test_a_seeded_request_draws_the_same_tokens_alone_or_in_any_batch() -> None:
     batched_tokens = []
     for step in range(40):
         others = [
-            request(SamplingParams(temperature=1.3, seed=None), "o0"),
-            request(SamplingParams(), "o1"),
-            request(SamplingParams(temperature=0.5, top_p=0.8, seed=step), "o2"),
-            request(SamplingParams(temperature=2.0, top_k=3, seed=None), "o3"),
+            request(SamplingParams(max_new_tokens=1, temperature=1.3, seed=None), "o0"),
+            request(SamplingParams(max_new_tokens=1), "o1"),
+            request(SamplingParams(max_new_tokens=1, temperature=0.5, top_p=0.8, seed=step), "o2"),
+            request(SamplingParams(max_new_tokens=1, temperature=2.0, top_k=3, seed=None), "o3"),
         ]
         logits = random_logits(5, seed=100 + step)
         logits[2] = row
@@ -84,12 +84,12 @@ def test_a_seeded_request_draws_the_same_tokens_alone_or_in_any_batch() -> None:
 
     assert batched_tokens == alone_tokens
     assert len(set(alone_tokens)) > 5  # really sampled, not a constant
-    other_seed = request(SamplingParams(temperature=0.9, top_k=30, top_p=0.95, seed=1235))
+    other_seed = request(SamplingParams(max_new_tokens=1, temperature=0.9, top_k=30, top_p=0.95, seed=1235))
     assert [sample(row[None], [other_seed])[0] for _ in range(40)] != alone_tokens
 
 
 def test_a_missing_generator_is_made_from_the_seed_on_first_use() -> None:
-    params = SamplingParams(temperature=1.0, seed=99)
+    params = SamplingParams(max_new_tokens=1, temperature=1.0, seed=99)
     row = random_logits(1, seed=2) / 3
     lazy = Request("lazy", [1], params)
     made = request(params)
@@ -101,7 +101,11 @@ def test_a_missing_generator_is_made_from_the_seed_on_first_use() -> None:
 
 
 @pytest.mark.parametrize(
-    "params", [SamplingParams(temperature=1.5, top_k=1), SamplingParams(temperature=1.5, top_p=1e-6)]
+    "params",
+    [
+        SamplingParams(max_new_tokens=1, temperature=1.5, top_k=1),
+        SamplingParams(max_new_tokens=1, temperature=1.5, top_p=1e-6),
+    ],
 )
 def test_top_k_one_and_a_tiny_top_p_are_greedy(params: SamplingParams) -> None:
     logits = random_logits(8, seed=3) / 3
@@ -114,19 +118,19 @@ def test_top_k_one_breaks_ties_as_argmax_does() -> None:
     logits = torch.zeros(1, VOCAB)
     logits[0, 9] = logits[0, 4] = 5.0
 
-    assert sample(logits, [request(SamplingParams(temperature=1.0, top_k=1, seed=0))]) == [4]
+    assert sample(logits, [request(SamplingParams(max_new_tokens=1, temperature=1.0, top_k=1, seed=0))]) == [4]
 
 
 def test_temperature_one_draws_in_proportion_to_the_probabilities() -> None:
-    counts = draw_counts([0.5, 0.3, 0.2], SamplingParams(temperature=1.0, seed=0), draws=4000)
+    counts = draw_counts([0.5, 0.3, 0.2], SamplingParams(max_new_tokens=1, temperature=1.0, seed=0), draws=4000)
 
     assert dict(counts) == {0: 1953, 1: 1164, 2: 883}
     assert [abs(counts[i] / 4000 - p) < 0.03 for i, p in enumerate([0.5, 0.3, 0.2])] == [True] * 3
 
 
 def test_a_low_temperature_sharpens_and_a_high_one_flattens() -> None:
-    sharp = draw_counts([0.5, 0.3, 0.2], SamplingParams(temperature=0.5, seed=0), draws=4000)
-    flat = draw_counts([0.5, 0.3, 0.2], SamplingParams(temperature=4.0, seed=0), draws=4000)
+    sharp = draw_counts([0.5, 0.3, 0.2], SamplingParams(max_new_tokens=1, temperature=0.5, seed=0), draws=4000)
+    flat = draw_counts([0.5, 0.3, 0.2], SamplingParams(max_new_tokens=1, temperature=4.0, seed=0), draws=4000)
 
     # temperature 0.5 squares the probabilities: 0.25 : 0.09 : 0.04 -> 0.658, 0.237, 0.105
     assert dict(sharp) == {0: 2610, 1: 935, 2: 455}
@@ -135,7 +139,9 @@ def test_a_low_temperature_sharpens_and_a_high_one_flattens() -> None:
 
 
 def test_top_k_never_draws_outside_the_k_most_likely() -> None:
-    counts = draw_counts([0.4, 0.1, 0.3, 0.2], SamplingParams(temperature=1.0, top_k=2, seed=7), draws=2000)
+    counts = draw_counts(
+        [0.4, 0.1, 0.3, 0.2], SamplingParams(max_new_tokens=1, temperature=1.0, top_k=2, seed=7), draws=2000
+    )
 
     assert sorted(counts) == [0, 2]
     assert dict(counts) == {0: 1131, 2: 869}  # renormalised 0.4 : 0.3 -> 0.571, 0.429
@@ -143,9 +149,9 @@ def test_top_k_never_draws_outside_the_k_most_likely() -> None:
 
 def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
     probs = [0.5, 0.3, 0.2]
-    nucleus = draw_counts(probs, SamplingParams(temperature=1.0, top_p=0.6, seed=7), draws=2000)
-    first_only = draw_counts(probs, SamplingParams(temperature=1.0, top_p=0.45, seed=7), draws=200)
-    everything = draw_counts(probs, SamplingParams(temperature=1.0, top_p=0.99, seed=7), draws=2000)
+    nucleus = draw_counts(probs, SamplingParams(max_new_tokens=1, temperature=1.0, top_p=0.6, seed=7), draws=2000)
+    first_only = draw_counts(probs, SamplingParams(max_new_tokens=1, temperature=1.0, top_p=0.45, seed=7), draws=200)
+    everything = draw_counts(probs, SamplingParams(max_new_tokens=1, temperature=1.0, top_p=0.99, seed=7), draws=2000)
 
     assert sorted(nucleus) == [0, 1]  # 0.5 < 0.6 <= 0.8
     assert dict(first_only) == {0: 200}
@@ -167,17 +173,19 @@ def test_binary_fraction_probabilities_are_exact_in_float32() -> None:
 
 def test_top_p_of_exactly_the_mass_of_a_prefix_keeps_that_prefix_and_nothing_more() -> None:
     # 1/2 + 1/4 reaches 0.75 exactly: the first two tokens are the smallest prefix reaching p.
-    at_p = draw_counts(EXACT, SamplingParams(temperature=1.0, top_p=0.75, seed=11), draws=3000)
+    at_p = draw_counts(EXACT, SamplingParams(max_new_tokens=1, temperature=1.0, top_p=0.75, seed=11), draws=3000)
     # Renormalised 1/2 : 1/4 -> 2/3 : 1/3; the third token (1/8 of the mass) is never drawn.
     assert sorted(at_p) == [0, 1]
     assert abs(at_p[0] / 3000 - 2 / 3) < 0.03
-    half = draw_counts(EXACT, SamplingParams(temperature=1.0, top_p=0.5, seed=11), draws=300)
+    half = draw_counts(EXACT, SamplingParams(max_new_tokens=1, temperature=1.0, top_p=0.5, seed=11), draws=300)
     assert dict(half) == {0: 300}  # 1/2 reaches 0.5 on its own
 
 
 def test_top_p_just_above_the_mass_of_a_prefix_keeps_one_token_more() -> None:
     # The smallest float32 above 0.75: 1/2 + 1/4 no longer reaches it, 1/2 + 1/4 + 1/8 does.
-    above = draw_counts(EXACT, SamplingParams(temperature=1.0, top_p=ABOVE_THREE_QUARTERS, seed=11), draws=3000)
+    above = draw_counts(
+        EXACT, SamplingParams(max_new_tokens=1, temperature=1.0, top_p=ABOVE_THREE_QUARTERS, seed=11), draws=3000
+    )
     # Renormalised 4/7 : 2/7 : 1/7; the fourth token (the other 1/8) is never drawn.
     assert sorted(above) == [0, 1, 2]
     assert abs(above[2] / 3000 - 1 / 7) < 0.03
@@ -185,28 +193,30 @@ def test_top_p_just_above_the_mass_of_a_prefix_keeps_one_token_more() -> None:
 
 def test_top_k_applies_before_top_p() -> None:
     # top_k=2 renormalises 0.4 : 0.3 to 0.571 : 0.429, and 0.571 reaches top_p 0.55 alone.
-    counts = draw_counts([0.4, 0.1, 0.3, 0.2], SamplingParams(temperature=1.0, top_k=2, top_p=0.55, seed=7), 200)
+    counts = draw_counts(
+        [0.4, 0.1, 0.3, 0.2], SamplingParams(max_new_tokens=1, temperature=1.0, top_k=2, top_p=0.55, seed=7), 200
+    )
 
     assert dict(counts) == {0: 200}
 
 
 def test_make_generator_uses_the_seed_or_fresh_entropy() -> None:
-    assert make_generator(SamplingParams(seed=42)).initial_seed() == 42
-    assert make_generator(SamplingParams(seed=2**64 - 1)).initial_seed() == 2**64 - 1
-    unseeded = {make_generator(SamplingParams()).initial_seed() for _ in range(3)}
+    assert make_generator(SamplingParams(max_new_tokens=1, seed=42)).initial_seed() == 42
+    assert make_generator(SamplingParams(max_new_tokens=1, seed=2**64 - 1)).initial_seed() == 2**64 - 1
+    unseeded = {make_generator(SamplingParams(max_new_tokens=1)).initial_seed() for _ in range(3)}
     assert len(unseeded) == 3
 
 
 @pytest.mark.parametrize(
     ("build", "field"),
     [
-        (lambda: make_generator(SamplingParams(seed=-1)), "seed"),
-        (lambda: make_generator(SamplingParams(seed=2**64)), "seed"),
-        (lambda: SamplingParams(temperature=-0.1), "temperature"),
-        (lambda: SamplingParams(temperature=float("nan")), "temperature"),
-        (lambda: SamplingParams(top_k=-1), "top_k"),
-        (lambda: SamplingParams(top_p=0.0), "top_p"),
-        (lambda: SamplingParams(top_p=1.5), "top_p"),
+        (lambda: make_generator(SamplingParams(max_new_tokens=1, seed=-1)), "seed"),
+        (lambda: make_generator(SamplingParams(max_new_tokens=1, seed=2**64)), "seed"),
+        (lambda: SamplingParams(max_new_tokens=1, temperature=-0.1), "temperature"),
+        (lambda: SamplingParams(max_new_tokens=1, temperature=float("nan")), "temperature"),
+        (lambda: SamplingParams(max_new_tokens=1, top_k=-1), "top_k"),
+        (lambda: SamplingParams(max_new_tokens=1, top_p=0.0), "top_p"),
+        (lambda: SamplingParams(max_new_tokens=1, top_p=1.5), "top_p"),
         (lambda: SamplingParams(max_new_tokens=0), "max_new_tokens"),
     ],
 )
@@ -220,6 +230,6 @@ def test_invalid_parameters_raise_a_request_error_naming_the_field(build, field:
 def test_a_temperature_below_the_greedy_threshold_is_greedy() -> None:
     from aieng_core.serving.request import GREEDY_TEMPERATURE
 
-    assert SamplingParams(temperature=GREEDY_TEMPERATURE / 10).greedy
-    assert SamplingParams(temperature=1e-45).greedy
-    assert not SamplingParams(temperature=GREEDY_TEMPERATURE).greedy
+    assert SamplingParams(max_new_tokens=1, temperature=GREEDY_TEMPERATURE / 10).greedy
+    assert SamplingParams(max_new_tokens=1, temperature=1e-45).greedy
+    assert not SamplingParams(max_new_tokens=1, temperature=GREEDY_TEMPERATURE).greedy

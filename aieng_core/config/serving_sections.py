@@ -1,0 +1,196 @@
+"""The sections of the config from the bundle on: bundle (the bundle's recipe, in its id),
+serving (what only the running server reads), benchmark, gate."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from aieng_core.config.pipeline_sections import Section
+
+DEFAULT_GOLDEN_PROMPTS = (
+    "The data pipeline",
+    "A model is trained",
+    "数据清洗",
+    "Once upon a time",
+)
+
+
+class BundleConfig(Section):
+    """The serving bundle's recipe: what decides its bytes and how it behaves wherever it is
+    served (engine limits the goldens depend on, request defaults, golden prompts). Copied
+    into each bundle's serving.json and golden.json, and hashed into its id: change one and
+    the next bundle is a new one, gated again."""
+
+    max_batch: int = Field(
+        default=64, ge=1, le=4096, description="Sequences decoded together; the KV-cache pool holds one slot each."
+    )
+    max_context: int = Field(
+        default=256, ge=8, description="Prompt + generated tokens per sequence; at most model.max_position_embeddings."
+    )
+    max_prefill_tokens: int = Field(
+        default=4096,
+        ge=1,
+        description="Prompt tokens prefilled per engine step (at least one request is admitted per step).",
+    )
+    default_max_new_tokens: int = Field(default=64, ge=1, description="Request default when a request names none.")
+    default_temperature: float = Field(default=0.0, ge=0.0, strict=False, description="Request default; 0 is greedy.")
+    default_top_k: int = Field(default=0, ge=0, description="Request default; 0: no top-k cut.")
+    default_top_p: float = Field(default=1.0, gt=0.0, le=1.0, strict=False, description="Request default.")
+    golden_prompts: tuple[str, ...] = Field(
+        default=DEFAULT_GOLDEN_PROMPTS,
+        strict=False,
+        min_length=1,
+        description="Greedy continuations of these are recorded in the bundle at build time and replayed by "
+        "`aieng bundle verify`, every load and the gate.",
+    )
+    golden_max_new_tokens: int = Field(default=16, ge=1, description="Tokens generated per golden prompt.")
+    golden_threads: int = Field(
+        default=0,
+        ge=0,
+        description="torch threads the goldens are recorded with (replays use the same count: CPU reductions "
+        "split their work by thread count); 0: torch's default on the building machine.",
+    )
+    allow_partial_model: bool = Field(
+        default=False, description="Bundle a model stopped by training.max_minutes before max_steps."
+    )
+
+    @model_validator(mode="after")
+    def _goldens_named(self) -> BundleConfig:
+        if any(not prompt for prompt in self.golden_prompts):
+            raise ValueError("golden_prompts: a prompt is empty")
+        return self
+
+
+class ServingConfig(Section):
+    """What only the running server reads (`aieng serve` and the gate's servers): how it behaves
+    under load, on which device and threads. Never part of a bundle or its id: changing one
+    restarts a server, it does not rebuild or re-gate a bundle."""
+
+    max_waiting: int = Field(
+        default=256, ge=1, description="Requests queued for a KV-cache slot; beyond this the server answers 429."
+    )
+    request_timeout_s: float = Field(
+        default=60.0, gt=0, strict=False, description="Wall-clock limit of one request, queue time included: 504."
+    )
+    max_request_bytes: int = Field(
+        default=1 << 20,
+        ge=1024,
+        le=1 << 30,
+        description="Request bodies over this many bytes get 413, read no further than the limit.",
+    )
+    drain_timeout_s: float = Field(
+        default=30.0,
+        ge=0,
+        strict=False,
+        description="After SIGTERM: how long in-flight requests may take to finish before the server exits.",
+    )
+    threads: int = Field(default=0, ge=0, description="torch intra-op threads of the server; 0: torch's default.")
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="auto: cuda when present, else cpu.")
+    warmup_prompt_lengths: tuple[int, ...] = Field(
+        default=(8, 32, 128),
+        strict=False,
+        description="One warmup generation per prompt length before /health/ready turns 200. Each must be "
+        "below bundle.max_context (checked when the config loads); a served bundle built with a shorter "
+        "context skips the lengths that do not fit it.",
+    )
+
+    @field_validator("warmup_prompt_lengths")
+    @classmethod
+    def _positive_lengths(cls, values: tuple[int, ...]) -> tuple[int, ...]:
+        if any(value < 1 for value in values):
+            raise ValueError("every length must be at least 1")
+        return values
+
+
+class BenchmarkConfig(Section):
+    """benchmark_report: a model's quality, speed and memory through our engine, with
+    transformers `generate` measured beside it in the same run."""
+
+    batch_sizes: tuple[int, ...] = Field(
+        default=(1, 16, 64), strict=False, min_length=1, description="Throughput: sequences decoded together."
+    )
+    prompt_tokens: int = Field(default=16, ge=1, description="Prompt length of every benchmark request.")
+    new_tokens: int = Field(default=32, ge=2, description="Tokens generated per benchmark request.")
+    concurrencies: tuple[int, ...] = Field(
+        default=(1, 4, 16),
+        strict=False,
+        min_length=1,
+        description="Latency: requests kept in flight at once (closed loop), requests_per_level each.",
+    )
+    requests_per_level: int = Field(default=32, ge=1, description="Requests per latency level.")
+    compare_transformers: bool = Field(
+        default=True, description="transformers `generate` (greedy, use_cache) on the same weights, same run."
+    )
+    max_seconds: float = Field(
+        default=300.0, gt=0, strict=False, description="The report stops (and says so) rather than run longer."
+    )
+    threads: int = Field(default=0, ge=0, description="torch threads while measuring; 0: torch's default.")
+
+    @field_validator("batch_sizes", "concurrencies")
+    @classmethod
+    def _positive(cls, values: tuple[int, ...]) -> tuple[int, ...]:
+        if any(value < 1 for value in values):
+            raise ValueError("every value must be at least 1")
+        return values
+
+
+class GateConfig(Section):
+    """production_deployment: the promotion gate's stress test, SLOs, rollback drill, and the
+    retrain schedule that feeds it."""
+
+    concurrencies: tuple[int, ...] = Field(
+        default=(1, 8, 32), strict=False, min_length=1, description="Closed-loop stress: clients per level."
+    )
+    poisson_rates: tuple[float, ...] = Field(
+        default=(4.0, 16.0), strict=False, description="Open-loop stress: Poisson arrival rates (requests/s)."
+    )
+    requests_per_level: int = Field(default=64, ge=1, description="Requests per stress level.")
+    max_new_tokens: tuple[int, ...] = Field(
+        default=(16, 32, 64), strict=False, min_length=1, description="Cycled over the stress requests."
+    )
+    max_seconds_per_level: float = Field(
+        default=120.0, gt=0, strict=False, description="A stress level still running after this fails."
+    )
+    slo_ttft_p99_ms: float = Field(
+        default=2000.0, gt=0, strict=False, description="SLO: P99 time to first token, at every level."
+    )
+    slo_e2el_p99_ms: float = Field(
+        default=10000.0, gt=0, strict=False, description="SLO: P99 end-to-end latency, at every level."
+    )
+    slo_ttft_ms: float = Field(
+        default=1000.0, gt=0, strict=False, description="Goodput: a request is good within this TTFT..."
+    )
+    slo_tpot_ms: float = Field(default=100.0, gt=0, strict=False, description="...and this TPOT.")
+    goodput_floor: float = Field(
+        default=0.9, ge=0.0, le=1.0, strict=False, description="Fraction of good requests required at every level."
+    )
+    max_regression: float = Field(
+        default=0.10,
+        ge=0.0,
+        strict=False,
+        description="Candidate vs the deployed bundle's gate figures: at most this much worse.",
+    )
+    drill_clients: int = Field(
+        default=2, ge=1, description="Rollback drill: clients sending light traffic while the drill pointer switches."
+    )
+    retrain_cron: str = Field(
+        default="0 3 * * 1",
+        min_length=9,
+        description="Retrain schedule (cron, UTC): dataset_manifest -> model -> benchmark -> bundle.",
+    )
+
+    @field_validator("concurrencies", "max_new_tokens")
+    @classmethod
+    def _positive(cls, values: tuple[int, ...]) -> tuple[int, ...]:
+        if any(value < 1 for value in values):
+            raise ValueError("every value must be at least 1")
+        return values
+
+    @field_validator("poisson_rates")
+    @classmethod
+    def _positive_rates(cls, values: tuple[float, ...]) -> tuple[float, ...]:
+        if any(value <= 0 for value in values):
+            raise ValueError("every rate must be above 0")
+        return values
