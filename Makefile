@@ -46,7 +46,9 @@ serve: install
 	else bundle="$$($(BIN)/aieng bundle current --path)" && exec $(BIN)/aieng serve --bundle "$$bundle"; fi
 
 ## dev: the Dagster UI on http://127.0.0.1:3000 (same AIENG_HOME and DAGSTER_HOME)
+dev: export AIENG_DAGSTER_URL = http://127.0.0.1:3000
 dev: install $(DAGSTER_HOME)/dagster.yaml
+	@echo "make dev: for \`aieng deploy promote|rollback\` in another shell to tell this UI: export AIENG_DAGSTER_URL=$$AIENG_DAGSTER_URL" >&2
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 # Debian packages some tests drive as real programs: a PostgreSQL server (the Postgres-backed

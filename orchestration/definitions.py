@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from orchestration.assets import data, dataset, model, serving, tokenizer
+from orchestration.assets import data, dataset, deployment, model, serving, tokenizer
 from orchestration.assets.benchmark import benchmark_report
 from orchestration.assets.data import clean_documents, raw_documents
 from orchestration.assets.dataset import dataset_manifest
@@ -12,11 +12,18 @@ from orchestration.assets.serving import serving_bundle
 from orchestration.assets.tokenizer import bpe_tokenizer, tokenized_documents
 from orchestration.partitions import CONFIG_PATH
 from orchestration.resources import AiengResource
-from orchestration.schedules import daily_ingest_job, daily_ingest_schedule, retrain_job, retrain_schedule
-from orchestration.sensors import deploy_job, serving_bundle_sensor
+from orchestration.schedules import (
+    daily_ingest_job,
+    daily_ingest_schedule,
+    retrain_job,
+    retrain_schedule,
+    rollback_readiness_job,
+    rollback_readiness_schedule,
+)
+from orchestration.sensors import deploy_job, deployment_pointer_sensor, serving_bundle_sensor
 
 # Each asset module keeps the checks of its assets beside them.
-ALL_CHECKS = [*data.CHECKS, *tokenizer.CHECKS, *dataset.CHECKS, *model.CHECKS, *serving.CHECKS]
+ALL_CHECKS = [*data.CHECKS, *tokenizer.CHECKS, *dataset.CHECKS, *model.CHECKS, *serving.CHECKS, *deployment.CHECKS]
 
 defs = dg.Definitions(
     assets=[
@@ -31,9 +38,9 @@ defs = dg.Definitions(
         production_deployment,
     ],
     asset_checks=ALL_CHECKS,
-    jobs=[daily_ingest_job, retrain_job, deploy_job],
-    schedules=[daily_ingest_schedule, retrain_schedule],
-    sensors=[serving_bundle_sensor],
+    jobs=[daily_ingest_job, retrain_job, deploy_job, rollback_readiness_job],
+    schedules=[daily_ingest_schedule, retrain_schedule, rollback_readiness_schedule],
+    sensors=[serving_bundle_sensor, deployment_pointer_sensor],
     # The config path is spelled out so the UI shows which file this code location runs with.
     resources={"aieng": AiengResource(config_path=str(CONFIG_PATH))},
     # One laptop: steps run in the run's own process (a subprocess per step costs ~4 s of

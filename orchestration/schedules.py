@@ -3,10 +3,17 @@
 The retrain: on `gate.retrain_cron` (UTC) of the code location's config, dataset_manifest ->
 model_checkpoint -> benchmark_report -> serving_bundle, with their checks; a new bundle then
 reaches the promotion gate through serving_bundle_sensor (orchestration/sensors.py).
-Unchanged inputs are reused, so a week without new data retrains nothing.
+Unchanged inputs are reused, so a week without new data retrains nothing. The retrain never
+runs the gate itself: a bundle reaches it only through that sensor, which requests no gate run
+for a bundle a rollback withdrew (a retrain that rebuilds it makes the same id).
+
+The rollback readiness check: on `gate.rollback_check_cron` (UTC), the `rollback_readiness`
+job runs the asset check rollback_target_ready alone (no asset is materialized): what a
+rollback of production would make current is re-hashed, loaded and its goldens replayed.
 """
 
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 
@@ -14,6 +21,7 @@ from aieng_core.config import AiengConfig, ConfigError, load_config
 from orchestration.assets.benchmark import benchmark_report
 from orchestration.assets.data import clean_documents, raw_documents
 from orchestration.assets.dataset import dataset_manifest
+from orchestration.assets.deployment import rollback_target_ready
 from orchestration.assets.model import model_checkpoint
 from orchestration.assets.serving import serving_bundle
 from orchestration.assets.tokenizer import bpe_tokenizer, tokenized_documents
@@ -41,22 +49,60 @@ retrain_job = dg.define_asset_job(
 )
 
 
-def retrain_schedule_for(config: AiengConfig, config_path: Path | str = CONFIG_PATH) -> dg.ScheduleDefinition:
-    """The retrain job on `config.gate.retrain_cron` (UTC); an invalid cron stops the code
+rollback_readiness_job = dg.define_asset_job(
+    "rollback_readiness",
+    selection=dg.AssetSelection.checks(rollback_target_ready),
+    description=(
+        "The asset check rollback_target_ready alone: re-hash, load and replay the goldens of what a rollback of "
+        "production would make current (nothing is materialized)."
+    ),
+)
+
+CRON_FIELDS = "of 5 fields (minute hour day-of-month month day-of-week)"
+
+
+def _cron_schedule(
+    name: str, job: Any, key: str, cron: str, config_path: Path | str, what: str
+) -> dg.ScheduleDefinition:
+    """`job` on the cron of config key `gate.<key>` (UTC); an invalid cron stops the code
     location with one error naming the file and the key."""
     try:
         return dg.ScheduleDefinition(
-            name="retrain_schedule",
-            job=retrain_job,
-            cron_schedule=config.gate.retrain_cron,
+            name=name,
+            job=job,
+            cron_schedule=cron,
             execution_timezone="UTC",
-            description=f"retrain on gate.retrain_cron ({config.gate.retrain_cron}, UTC) of {config_path}",
+            description=f"{what} on gate.{key} ({cron}, UTC) of {config_path}",
         )
     except dg.DagsterInvalidDefinitionError:
         raise ConfigError(
-            f"{config_path}: invalid config: gate.retrain_cron: {config.gate.retrain_cron!r} is not a cron expression "
-            "of 5 fields (minute hour day-of-month month day-of-week)"
+            f"{config_path}: invalid config: gate.{key}: {cron!r} is not a cron expression {CRON_FIELDS}"
         ) from None
 
 
-retrain_schedule = retrain_schedule_for(load_config(CONFIG_PATH))
+def retrain_schedule_for(config: AiengConfig, config_path: Path | str = CONFIG_PATH) -> dg.ScheduleDefinition:
+    """The retrain job on `config.gate.retrain_cron` (UTC); an invalid cron stops the code
+    location with one error naming the file and the key."""
+    return _cron_schedule(
+        "retrain_schedule", retrain_job, "retrain_cron", config.gate.retrain_cron, config_path, "retrain"
+    )
+
+
+def rollback_readiness_schedule_for(
+    config: AiengConfig, config_path: Path | str = CONFIG_PATH
+) -> dg.ScheduleDefinition:
+    """The rollback_readiness job on `config.gate.rollback_check_cron` (UTC); an invalid cron
+    stops the code location with one error naming the file and the key."""
+    return _cron_schedule(
+        "rollback_readiness_schedule",
+        rollback_readiness_job,
+        "rollback_check_cron",
+        config.gate.rollback_check_cron,
+        config_path,
+        "check the rollback target",
+    )
+
+
+_config = load_config(CONFIG_PATH)
+retrain_schedule = retrain_schedule_for(_config)
+rollback_readiness_schedule = rollback_readiness_schedule_for(_config)

@@ -25,6 +25,8 @@ def _isolated_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     """No test reads or writes the developer's ./.aieng or their AIENG_* variables."""
     monkeypatch.setenv("AIENG_HOME", str(tmp_path / "aieng-home"))
     monkeypatch.setenv("AIENG_CONFIG", str(TINY_CONFIG))
+    # A promote or rollback reports to the Dagster webserver this names: never the developer's.
+    monkeypatch.delenv("AIENG_DAGSTER_URL", raising=False)
 
 
 @pytest.fixture

@@ -1,11 +1,12 @@
-"""`aieng deploy status|promote BUNDLE_ID|rollback`: the deployment pointer from the command line.
+"""`aieng deploy status|promote BUNDLE_ID|rollback|check-rollback`: the deployment pointer from
+the command line.
 
 `add_parsers(commands)` adds the `deploy` command to the `aieng` parser; each handler
 takes the parsed arguments (the global `--home` among them) and returns the exit code.
 Every `--json` output is one JSON document on stdout: the pointer's status
-(`{pointer, sequence, current, previous, stack, history, unapplied, torn_tail}`), plus the
-`event` recorded for promote and rollback. A refusal prints one line on stderr and exits 1,
-with nothing on stdout.
+(`{pointer, sequence, current, previous, stack, withdrawn, history, unapplied, torn_tail}`),
+plus the `event` recorded for promote and rollback; check-rollback's is the readiness check's
+result. A refusal prints one line on stderr and exits 1, with nothing on stdout.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import argparse
 import sys
 from typing import Any
 
+from aieng_core.deploy.dagster_events import tell_dagster
 from aieng_core.deploy.deployments import Deployments
+from aieng_core.deploy.withdrawn import ALLOW_FLAG
 from aieng_core.home import resolve_home
 from aieng_core.output import emit
 from aieng_core.store.pointers import PRODUCTION
@@ -56,6 +59,17 @@ def format_status(status: dict[str, Any]) -> str:
     else:
         missing = "" if previous["in_store"] else "  [not in the store: a rollback is refused]"
         lines.append(f"  previous: {previous['bundle_id']} (a rollback makes it current again){missing}")
+        integrity = previous["integrity"]
+        if integrity not in ("ok", "missing"):
+            integrity = f"DAMAGED: {integrity} (a rollback is refused)"
+        lines.append(f"            files: {integrity}")
+        lines.append(f"            readiness check: {_check_summary(previous['rollback_check'])}")
+    if status["withdrawn"]:
+        lines.append(f"withdrawn (a promote refuses them unless {ALLOW_FLAG}):")
+        for item in status["withdrawn"]:
+            reason = f": {item['reason']}" if item["reason"] else ""
+            by = f"the rollback #{item['sequence']} at {item['time']} by {item['actor']}"
+            lines.append(f"  {item['bundle_id']} by {by}{reason}")
     history = status["history"]
     shown = history[-HISTORY_SHOWN:]
     if not history:
@@ -72,6 +86,18 @@ def format_status(status: dict[str, Any]) -> str:
             "a crash cut an append short; it is no record (the next change moves it aside)"
         )
     return "\n".join(lines)
+
+
+def _check_summary(check: dict[str, Any] | None) -> str:
+    if check is None:
+        return "never run (`aieng deploy check-rollback` runs it)"
+    stale = "  [stale: the pointer changed since; run it again]" if check["stale"] else ""
+    if check["ok"]:
+        return f"ready at {check['checked_at']} ({check['goldens_checked']} goldens replayed){stale}"
+    if check["ok"] is None:
+        return f"nothing to roll back to at {check['checked_at']}{stale}"
+    problem = check["problems"][0] if check["problems"] else "not ready"
+    return f"NOT READY at {check['checked_at']}: {problem}{stale}"
 
 
 def _format_change(result: dict[str, Any]) -> str:
@@ -93,11 +119,12 @@ def cmd_deploy_status(args: argparse.Namespace) -> int:
 def cmd_deploy_promote(args: argparse.Namespace) -> int:
     try:
         deployments = _deployments(args)
-        event = deployments.promote(args.bundle_id, reason=args.reason)
+        event = deployments.promote(args.bundle_id, reason=args.reason, allow_withdrawn=args.allow_withdrawn)
         result = {"event": event, **deployments.status()}
     except (ValueError, OSError) as exc:  # refusals, and a state dir we may not write
         return _refused(exc)
     emit(result, args.json, _format_change)
+    tell_dagster(event, deployments.pointer)  # the Dagster UI names what the pointer names
     return 0
 
 
@@ -109,13 +136,51 @@ def cmd_deploy_rollback(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:  # refusals, and a state dir we may not write
         return _refused(exc)
     emit(result, args.json, _format_change)
+    tell_dagster(event, deployments.pointer)  # the Dagster UI names what the pointer names
+    return 0
+
+
+def format_check(result: dict[str, Any]) -> str:
+    head = f"rollback target of {result['pointer']} (sequence {result['sequence']})"
+    if result["bundle_id"] is None:
+        return f"{head}: nothing to roll back to"
+    if result["ok"]:
+        return (
+            f"{head}: {result['bundle_id']} is ready: re-hashed, loaded, {result['goldens_checked']} goldens "
+            f"replayed in {result['seconds']:.1f} s"
+        )
+    lines = [f"{head}: {result['bundle_id']} is NOT READY: a rollback to it is refused"]
+    return "\n".join(lines + [f"  {problem}" for problem in result["problems"]])
+
+
+def cmd_deploy_check_rollback(args: argparse.Namespace) -> int:
+    from aieng_core.deploy.rollback_readiness import check_rollback_target
+
+    try:
+        result = check_rollback_target(resolve_home(args.home), args.pointer)
+    except (ValueError, OSError) as exc:  # a damaged pointer, and a state dir we may not write
+        return _refused(exc)
+    emit(result, args.json, format_check)
+    if result["ok"] is False:
+        print(
+            f"aieng: error: {result['pointer']}'s rollback target {result['bundle_id']} is not ready: "
+            f"{' '.join(result['problems'][0].split())}",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
 def _format_gate(report: dict[str, Any]) -> str:
+    from aieng_core.gate.report import step_headline
+
     lines = [f"gate of serving_bundle {report['bundle_id']}: {'PASSED' if report['passed'] else 'FAILED'}"]
     for step in report["steps"]:
-        lines.append(f"  {step['name']:<8} passed in {step['seconds']:.1f} s")
+        if step["passed"]:
+            headline = step_headline(step["name"], step["figures"])
+            lines.append(
+                f"  {step['name']:<8} passed in {step['seconds']:.1f} s" + (f": {headline}" if headline else "")
+            )
     if report["failure"] is not None:
         lines.append(f"  {report['failure']['step']:<8} FAILED: {report['failure']['message']}")
     if report["event"] is not None:
@@ -138,7 +203,7 @@ def cmd_deploy_gate(args: argparse.Namespace) -> int:
     home = resolve_home(args.home)
     try:
         bundle_id = args.bundle_id or ArtifactStore(home).require_current(BUNDLE_KIND).id
-        report = run_gate(home, load_config(args.config), bundle_id).as_dict()
+        report = run_gate(home, load_config(args.config), bundle_id, allow_withdrawn=args.allow_withdrawn).as_dict()
     except GateFailed as exc:
         if exc.report is None:
             return _refused(exc)
@@ -178,10 +243,18 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     promote.add_argument("bundle_id", metavar="BUNDLE_ID", help="a serving_bundle id (`aieng bundle current`)")
     promote.add_argument("--reason", default="", metavar="TEXT", help="why, recorded in the history")
+    promote.add_argument(
+        ALLOW_FLAG,
+        action="store_true",
+        help="promote it even though a rollback withdrew it (recorded in the history, with the rollback overridden)",
+    )
     _common(promote)
     promote.set_defaults(handler=cmd_deploy_promote)
 
-    rollback = deploy_commands.add_parser("rollback", help="make the previous bundle current again")
+    rollback = deploy_commands.add_parser(
+        "rollback",
+        help="verify the previous bundle (hashes, model, goldens), make it current again, and withdraw the one left",
+    )
     rollback.add_argument("--reason", default="", metavar="TEXT", help="why, recorded in the history")
     rollback.add_argument(
         "--allow-empty",
@@ -191,10 +264,25 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     _common(rollback)
     rollback.set_defaults(handler=cmd_deploy_rollback)
 
+    check = deploy_commands.add_parser(
+        "check-rollback",
+        help="check the bundle a rollback would make current (re-hash, load, replay goldens); exit 1 if not ready",
+        description="Verify the rollback target (the previous bundle: re-hash its files, load its model, replay "
+        "its goldens), time it, and record the result in deployments/<pointer>/rollback-check.json, which "
+        "`aieng deploy status` shows. Exits 0 when it is ready or there is nothing to roll back to, 1 when not.",
+    )
+    _common(check)
+    check.set_defaults(handler=cmd_deploy_check_rollback)
+
     gate = deploy_commands.add_parser(
         "gate",
         help="run the promotion gate (verify, warmup, compare, stress, drill) on a bundle, and promote it if it passes",
     )
     gate.add_argument("bundle_id", nargs="?", metavar="BUNDLE_ID", help="default: the current serving_bundle")
     gate.add_argument("--json", action="store_true", help="one JSON document on stdout: the gate's report")
+    gate.add_argument(
+        ALLOW_FLAG,
+        action="store_true",
+        help="gate it even though a rollback withdrew it (the promote's history line records it)",
+    )
     gate.set_defaults(handler=cmd_deploy_gate)

@@ -3,6 +3,7 @@ partition or a landed file went into.
 
     aieng lineage [current | ARTIFACT_ID] [--json]
     aieng lineage --affected-by PARTITION_OR_FILE [--json]
+    aieng lineage --request REQUEST_ID [--request-log PATH] [--json]
 
 Errors a user can act on (ArtifactNotFound, ValueError) are raised for aieng's main() to
 print as one line.
@@ -11,13 +12,15 @@ print as one line.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from aieng_core import asset_keys
 from aieng_core.home import resolve_home
 from aieng_core.output import emit
-from aieng_core.store.artifacts import ArtifactStore
+from aieng_core.store.artifacts import ArtifactNotFound, ArtifactStore
 from aieng_core.store.lineage import PRODUCTION, affected_by, deployed_bundle, git_state, lineage_graph
+from aieng_core.store.request_log import NO_BUNDLE, default_request_log, find_request
 
 CURRENT = "current"
 SHORT = 12  # hex digits of a commit or config hash in human output (--json has them whole)
@@ -32,12 +35,46 @@ def lineage_result(store: ArtifactStore, target: str = CURRENT) -> dict[str, Any
     return lineage_graph(store, store.find(target))
 
 
+def request_result(store: ArtifactStore, log_path: Path, request_id: str) -> dict[str, Any]:
+    """`{"request", "request_log", "root", "nodes"}`: the request log's last record of
+    `request_id` and the chain of the bundle that answered it. RequestNotLogged (a ValueError)
+    when the log is missing or has no such record; ValueError when no bundle answered it;
+    ArtifactNotFound when the store no longer holds the bundle."""
+    record = find_request(log_path, request_id)
+    bundle_id = record.get("bundle_id")
+    answer = f"{record.get('method')} {record.get('path')} {record.get('status')} at {record.get('time')}"
+    said = f"request {request_id} ({answer})"
+    if not isinstance(bundle_id, str) or bundle_id == NO_BUNDLE:
+        raise ValueError(f"{said} was answered while no bundle was served: there is no chain to show")
+    try:
+        bundle = store.get(asset_keys.SERVING_BUNDLE, bundle_id)
+    except ArtifactNotFound as exc:
+        raise ArtifactNotFound(f"{said} was answered by serving_bundle {bundle_id}, but: {exc}") from None
+    graph = lineage_graph(store, bundle)
+    datasets = [
+        n.get("content_sha256") for n in graph["nodes"].values() if n.get("kind") == asset_keys.DATASET_MANIFEST
+    ]
+    # The chain's own data version, to hold the logged one against (None: the chain has none, or several).
+    chain_version = datasets[0] if len(datasets) == 1 else None
+    return {"request": record, "request_log": str(log_path), "chain_data_version": chain_version, **graph}
+
+
 def cmd_lineage(args: argparse.Namespace) -> int:
-    store = ArtifactStore(resolve_home(args.home))
+    home = resolve_home(args.home)
+    store = ArtifactStore(home)
+    given = {"an artifact": args.target, "--affected-by": args.affected_by, "--request": args.request}
+    chosen = [name for name, value in given.items() if value is not None]
+    if len(chosen) > 1:
+        raise ValueError(
+            f"give one of an artifact (or `current`), --affected-by or --request, not both {' and '.join(chosen)}"
+        )
+    if args.request_log is not None and args.request is None:
+        raise ValueError("--request-log names the log --request reads: use it with --request REQUEST_ID")
     if args.affected_by is not None:
-        if args.target is not None:
-            raise ValueError("give either an artifact (or `current`) or --affected-by, not both")
         emit(affected_by(store, args.affected_by), args.json, format_affected)
+    elif args.request is not None:
+        log_path = Path(args.request_log).expanduser() if args.request_log else default_request_log(home)
+        emit(request_result(store, log_path, args.request), args.json, format_request)
     else:
         emit(lineage_result(store, args.target or CURRENT), args.json, format_lineage)
     return 0
@@ -46,11 +83,12 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
         "lineage",
-        help="the full upstream chain of an artifact (default: what production serves), or what a "
-        "partition or landed file went into",
+        help="the full upstream chain of an artifact (default: what production serves), what a "
+        "partition or landed file went into, or what answered a request",
         description="Without --affected-by: the chain from an artifact (or `current`, the bundle the "
         "production deployment points at) down to the raw files' hashes. With --affected-by: every "
-        "artifact built from a partition or landed file, and every production deployment of them.",
+        "artifact built from a partition or landed file, and every deployment of them with the time "
+        "intervals each served. With --request: the bundle that answered a logged request, and its chain.",
     )
     parser.add_argument(
         "target", nargs="?", default=None, metavar="current|ARTIFACT_ID", help="what to trace (default: current)"
@@ -59,6 +97,17 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--affected-by",
         metavar="PARTITION_OR_FILE",
         help="a daily partition (YYYY-MM-DD) or the path of a landed raw file: list everything downstream",
+    )
+    parser.add_argument(
+        "--request",
+        metavar="REQUEST_ID",
+        help="a request `aieng serve` answered (its X-Request-ID): the bundle that answered it, from the "
+        "request log, and that bundle's chain",
+    )
+    parser.add_argument(
+        "--request-log",
+        metavar="PATH",
+        help="with --request: the server's request log (default $AIENG_HOME/logs/requests.jsonl)",
     )
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     parser.set_defaults(handler=cmd_lineage)
@@ -93,6 +142,29 @@ def _details(node: dict[str, Any]) -> str:
 def _title(node: dict[str, Any]) -> str:
     partition = node.get("partition")
     return f"{node.get('kind')} {node.get('id')}" + (f"  partition {partition}" if partition else "")
+
+
+def format_request(result: dict[str, Any]) -> str:
+    """The request as logged, the bundle that answered, then that bundle's tree."""
+    record = result["request"]
+    extras = [f"{record['latency_ms']} ms"] if record.get("latency_ms") is not None else []
+    if record.get("finish_reason"):
+        extras.append(f"finish {record['finish_reason']}")
+    if record.get("completion_tokens") is not None:
+        extras.append(f"{record['completion_tokens']} tokens generated")
+    lines = [
+        f"request {record.get('request_id')}: {record.get('method')} {record.get('path')} {record.get('status')} "
+        f"at {record.get('time')}" + (f" ({', '.join(extras)})" if extras else ""),
+        f"answered by serving_bundle {record.get('bundle_id')}, data version {record.get('data_version')}",
+        f"  (from the request log {result['request_log']})",
+    ]
+    chain = result.get("chain_data_version")
+    if chain is not None and chain != record.get("data_version"):
+        lines.append(
+            f"WARNING: the bundle's chain has the data version {chain}, not the one the response named: "
+            "the dataset_manifest in this store is not the one the server read"
+        )
+    return "\n".join(lines) + "\n\n" + format_lineage(result)
 
 
 def format_lineage(result: dict[str, Any]) -> str:
@@ -153,6 +225,28 @@ def _describe_target(target: dict[str, Any]) -> str:
     return f"file {target['file']} ({state})"
 
 
+def _deployment_lines(pointer: str, deployment: dict[str, Any]) -> list[str]:
+    if not deployment["serving_now"]:
+        state = "not serving" if pointer == PRODUCTION else f"not named by {pointer}"
+    else:
+        state = "SERVING NOW" if pointer == PRODUCTION else f"named by {pointer} now"
+    lines = [f"  serving_bundle {deployment['bundle_id']}  {state}"]
+    for interval in deployment.get("intervals") or []:
+        until = (
+            f"until #{interval['to_sequence']} {interval['to_time']}"
+            if interval["to_time"] is not None
+            else "until now (still current)"
+        )
+        lines.append(f"    served from #{interval['from_sequence']} {interval['from_time']} {until}")
+    for event in deployment["events"]:
+        lines.append(
+            f"    #{event.get('sequence')} {event.get('time')} {event.get('action')} "
+            f"{event.get('from') or 'none'} -> {event.get('to') or 'none'} by {event.get('actor')}: "
+            f"{event.get('reason')}"
+        )
+    return lines
+
+
 def format_affected(result: dict[str, Any]) -> str:
     target = result["affected_by"]
     artifacts, deployments = result["artifacts"], result["deployments"]
@@ -176,31 +270,31 @@ def format_affected(result: dict[str, Any]) -> str:
             why = "no raw_documents snapshot records that path"
         lines.append(f"nothing is affected by {_describe_target(target)}: {why}")
     else:
-        lines.append(f"affected by {_describe_target(target)}: {_plural(len(artifacts), 'artifact')} (* = current)")
+        lines.append(
+            f"affected by {_describe_target(target)}: {_plural(len(artifacts), 'artifact')} "
+            f"(* = current in the store: its newest build, not necessarily what serves; "
+            f"SERVING NOW = what the {PRODUCTION} pointer names)"
+        )
         for item in artifacts:
+            serving_on = item.get("serving_on") or []
             lines.append(
                 f"  {'*' if item['current'] else ' '} {item['kind']} {item['id']}"
                 + (f"  partition {item['partition']}" if item["partition"] else "")
                 + f"  created {item['created_at']}"
+                + ("  SERVING NOW" if PRODUCTION in serving_on else "")
+                + "".join(f"  (named by {p} now)" for p in serving_on if p != PRODUCTION)
             )
-        if deployments:
-            lines.append(f"deployed to {PRODUCTION} ({_plural(len(deployments), 'bundle')}):")
-        else:
+        if not any(d.get("pointer", PRODUCTION) == PRODUCTION for d in deployments):
             lines.append(f"none of them was ever deployed to {PRODUCTION}")
-        for deployment in deployments:
-            lines.append(
-                f"  serving_bundle {deployment['bundle_id']}"
-                + ("  SERVING NOW" if deployment["serving_now"] else "  not serving")
-            )
-            for event in deployment["events"]:
-                lines.append(
-                    f"    #{event.get('sequence')} {event.get('time')} {event.get('action')} "
-                    f"{event.get('from') or 'none'} -> {event.get('to') or 'none'} by {event.get('actor')}: "
-                    f"{event.get('reason')}"
-                )
+        pointers = list(dict.fromkeys(d.get("pointer", PRODUCTION) for d in deployments))
+        for pointer in pointers:
+            on_pointer = [d for d in deployments if d.get("pointer", PRODUCTION) == pointer]
+            lines.append(f"deployed to {pointer} ({_plural(len(on_pointer), 'bundle')}):")
+            for deployment in on_pointer:
+                lines += _deployment_lines(pointer, deployment)
     if result.get("unreadable"):
         lines.append(
-            f"WARNING: {len(result['unreadable'])} manifests or refs could not be read; "
+            f"WARNING: {len(result['unreadable'])} manifests, refs or pointers could not be read; "
             "what they describe may be affected too:"
         )
         lines += [f"  {problem}" for problem in result["unreadable"]]

@@ -170,7 +170,42 @@ class GateConfig(Section):
         default=0.10,
         ge=0.0,
         strict=False,
-        description="Candidate vs the deployed bundle's gate figures: at most this much worse.",
+        description=(
+            "Speed: the candidate fails only when the confidence interval of its median end-to-end latency over "
+            "the deployed bundle's (both served in this gate run, interleaved) lies above 1 + this."
+        ),
+    )
+    max_quality_regression: float = Field(
+        default=0.02,
+        ge=0.0,
+        strict=False,
+        description=(
+            "Quality: the candidate's bits per byte on the held-out text may be at most this fraction above the "
+            "deployed model's (and must be below the unigram baseline's)."
+        ),
+    )
+    compare_rounds: int = Field(
+        default=2,
+        ge=1,
+        description="Speed comparison: rounds of candidate then deployed bundle (ABAB...), each in a fresh server.",
+    )
+    compare_requests: int = Field(
+        default=24, ge=2, description="Speed comparison: requests per bundle per round (closed loop)."
+    )
+    compare_concurrency: int = Field(
+        default=1, ge=1, description="Speed comparison: clients, each sending its pairs one request at a time."
+    )
+    compare_confidence: float = Field(
+        default=0.99,
+        gt=0.5,
+        lt=1.0,
+        strict=False,
+        description="Speed comparison: confidence level of the bootstrap interval the regression decision uses.",
+    )
+    rollback_check_cron: str = Field(
+        default="23 * * * *",
+        min_length=9,
+        description="Rollback readiness check (cron, UTC): re-verify, load and replay the rollback target's goldens.",
     )
     drill_clients: int = Field(
         default=2, ge=1, description="Rollback drill: clients sending light traffic while the drill pointer switches."

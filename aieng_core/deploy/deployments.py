@@ -2,9 +2,10 @@
 
 A pointer's files (current.json, history.jsonl, the lock: store/pointers.py says the format)
 only change through `Deployments`: a promote names a serving bundle that exists in the store,
-carries its own id and (unless told otherwise) verifies, never the one already current; a
-rollback pops the stack back to a bundle that exists. Every refusal raises DeploymentError
-and changes nothing.
+carries its own id and (unless told otherwise) verifies, never the one already current, never
+one a rollback withdrew unless asked explicitly (deploy/withdrawn.py); a rollback pops the
+stack back to a bundle that exists and (unless told otherwise) verifies, passing over withdrawn
+ones, and withdraws the bundle it left. Every refusal raises DeploymentError and changes nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from aieng_core.asset_keys import SERVING_BUNDLE as KIND
+from aieng_core.deploy.rollback_readiness import last_check, pointer_rollback_target, target_integrity
+from aieng_core.deploy.withdrawn import BundleWithdrawn, rollback_plan, withdrawn_from, withdrawn_refusal
 from aieng_core.hashing import canonical_json
 from aieng_core.store import Artifact, ArtifactIntegrityError, ArtifactNotFound, ArtifactStore, InvalidArtifactName
 from aieng_core.store.artifacts import MANIFEST, validate_name
@@ -24,10 +27,19 @@ from aieng_core.store.pointers import (
     PRODUCTION,
     DeploymentError,
     DeploymentStateError,
+    History,
     Pointer,
+    unapplied_sequences,
 )
 
-__all__ = ["DeploymentError", "DeploymentStateError", "Deployments", "default_actor"]
+__all__ = [
+    "BundleWithdrawn",
+    "DeploymentError",
+    "DeploymentStateError",
+    "Deployments",
+    "default_actor",
+    "withdrawn_refusal",
+]
 
 log = logging.getLogger("aieng.deploy")
 
@@ -86,18 +98,31 @@ class Deployments:
         return self.files.read_history(warn=True).events
 
     def status(self) -> dict[str, Any]:
-        """`{pointer, sequence, current, previous, stack, history, unapplied, torn_tail}`.
+        """`{pointer, sequence, current, previous, stack, withdrawn, history, unapplied, torn_tail}`.
 
         `current` is `{bundle_id, bundle_path, in_store, since, sequence}` or None when
-        nothing is deployed; `previous` (`{bundle_id, bundle_path, in_store}` or None) is what
-        a rollback would make current. Both paths are where this store holds the bundle (as
-        current_bundle_path(), not the path recorded in current.json). `unapplied` lists the
-        sequences of history lines whose change never reached current.json (a crash between
-        the two writes); `torn_tail` is `{line, bytes}` when the last line of history.jsonl is
-        incomplete, else None.
+        nothing is deployed; `previous` is what a rollback would make current (withdrawn
+        bundles passed over), or None: `{bundle_id, bundle_path, in_store, integrity,
+        rollback_check}`, `integrity` being "ok", "missing" or the first problem of a re-hash of
+        its files (naming the file; the model is not loaded), `rollback_check` the last
+        readiness check (`aieng deploy check-rollback`) with `stale` (the pointer moved since),
+        or None. Both paths are where this store holds the bundle (as current_bundle_path(),
+        not the path recorded in current.json). `withdrawn` lists `{bundle_id, sequence, time,
+        actor, reason}` of each bundle a rollback withdrew (the rollback's event). `unapplied`
+        lists the sequences of history lines whose change never reached current.json (a crash
+        between the two writes); `torn_tail` is `{line, bytes}` when the last line of
+        history.jsonl is incomplete, else None.
         """
         history, current, unapplied = self.files.snapshot()
-        stack = current["stack"]
+        withdrawn = withdrawn_from(_applied(history.events, unapplied))
+        target = rollback_plan(current["stack"], withdrawn, current["bundle_id"])[0]
+        previous = None
+        if target is not None:
+            previous = {
+                **self._bundle_summary(target),
+                "integrity": target_integrity(self.store, target),
+                "rollback_check": last_check(self.home, self.pointer, current["sequence"]),
+            }
         return {
             "pointer": self.pointer,
             "sequence": current["sequence"],
@@ -108,12 +133,35 @@ class Deployments:
                 "since": current["updated_at"],
                 "sequence": current["sequence"],
             },
-            "previous": None if not stack else self._bundle_summary(stack[-1]),
-            "stack": stack,
+            "previous": previous,
+            "stack": current["stack"],
+            "withdrawn": [
+                {"bundle_id": bundle_id, **{key: event[key] for key in ("sequence", "time", "actor", "reason")}}
+                for bundle_id, event in sorted(withdrawn.items(), key=lambda item: item[1]["sequence"])
+            ],
             "history": history.events,
             "unapplied": unapplied,
             "torn_tail": {"line": history.torn_line, "bytes": len(history.torn)} if history.torn else None,
         }
+
+    def withdrawn(self) -> dict[str, dict[str, Any]]:
+        """bundle id -> the applied rollback event that withdrew it (deploy/withdrawn.py)."""
+        return withdrawn_from(self.files.applied()[1])
+
+    def withdrawal(self, bundle_id: str) -> dict[str, Any] | None:
+        """The rollback event that withdrew `bundle_id`, or None when it is not withdrawn."""
+        return self.withdrawn().get(bundle_id)
+
+    def refuse_withdrawn(self, bundle_id: str) -> None:
+        """BundleWithdrawn, naming the rollback, when a rollback withdrew `bundle_id`."""
+        event = self.withdrawal(bundle_id)
+        if event is not None:
+            raise BundleWithdrawn(bundle_id, event, self.pointer)
+
+    def rollback_target(self) -> str | None:
+        """What a rollback would make current now (the stack's top, withdrawn bundles passed
+        over), or None."""
+        return pointer_rollback_target(self.files)[1]
 
     # ---- changing ---------------------------------------------------------------------------
     def promote(
@@ -126,18 +174,27 @@ class Deployments:
         dagster_run_id: str | None = None,
         verify: bool = True,
         expected_sequence: int | None = None,
+        allow_withdrawn: bool = False,
     ) -> dict[str, Any]:
         """Make `bundle_id` (a serving_bundle in the store) current; the old current goes on
-        the stack. With `verify`, the bundle is re-hashed, loaded and its goldens replayed
-        first. With `expected_sequence`, the promote happens only if the pointer is still at
-        that sequence when the lock is taken (the gate: a rollback made by hand while it ran
-        must not be overwritten). Returns the history event; refusals raise DeploymentError
-        and change nothing."""
+        the stack. A bundle a rollback withdrew is refused (BundleWithdrawn, naming the
+        rollback) unless `allow_withdrawn`, which the event records (`allow_withdrawn`, and
+        `overrode_withdrawal`: the sequence of the rollback overridden, or None). With
+        `verify`, the bundle is re-hashed, loaded and its goldens replayed first. With
+        `expected_sequence`, the promote happens only if the pointer is still at that
+        sequence when the lock is taken (the gate: a rollback made by hand while it ran must
+        not be overwritten). Returns the history event; refusals raise DeploymentError and
+        change nothing."""
         fields = _event_fields(actor, reason, figures, dagster_run_id)
+        if not isinstance(allow_withdrawn, bool):
+            raise DeploymentError(f"allow_withdrawn must be True or False, not {allow_withdrawn!r}")
         artifact = self._bundle(bundle_id, f"cannot promote {bundle_id!r} on {self.pointer}")
-        self._refuse_current(self.current(), bundle_id)  # fail fast, before the slow verification
+        # Fail fast, before the slow verification; both are checked again under the lock.
+        self._refuse_current(self.current(), bundle_id)
+        if not allow_withdrawn:
+            self.refuse_withdrawn(bundle_id)
         if verify:
-            self._verify(artifact)
+            self._verify(artifact, f"refusing to promote {KIND} {artifact.id} on {self.pointer}")
         # Verification reads only the immutable bundle, so it runs outside the lock.
         with self.files.locked():
             history, current = self.files.read_history(warn=False), self.current()
@@ -147,6 +204,11 @@ class Deployments:
                     f"{expected_sequence} and is now at {current['sequence']} ({current['bundle_id']}); nothing changed"
                 )
             self._refuse_current(current, bundle_id)
+            withdrawal = _withdrawn_now(history, current).get(bundle_id)
+            if withdrawal is not None and not allow_withdrawn:
+                raise BundleWithdrawn(bundle_id, withdrawal, self.pointer)
+            fields["allow_withdrawn"] = allow_withdrawn
+            fields["overrode_withdrawal"] = None if withdrawal is None else withdrawal["sequence"]
             stack = list(current["stack"])
             if current["bundle_id"] is not None:
                 stack.append(current["bundle_id"])
@@ -161,29 +223,40 @@ class Deployments:
         allow_empty: bool = False,
         figures: dict[str, Any] | None = None,
         dagster_run_id: str | None = None,
+        verify: bool = True,
     ) -> dict[str, Any]:
-        """Make the top of the stack current again (popping it). With an empty stack,
-        `allow_empty` rolls back to no bundle at all (the gate's drill on a first
-        deployment). Returns the history event; refusals raise DeploymentError."""
+        """Make the top of the stack current again (popping it), and withdraw the bundle it
+        leaves (the event's `withdrawn`). Withdrawn bundles on top of the stack are passed
+        over (popped, listed in `skipped_withdrawn`): a rollback never lands on one. With
+        `verify`, the target is re-hashed, loaded and its goldens replayed before the pointer
+        moves (outside the lock: then, under it, the target must still be the same). With no
+        bundle left to roll back to, `allow_empty` rolls back to no bundle at all (the gate's
+        drill on a first deployment). Returns the history event; refusals raise
+        DeploymentError and change nothing."""
         fields = _event_fields(actor, reason, figures, dagster_run_id)
+        checked: str | None = None
+        if verify:
+            history, current, unapplied = self.files.snapshot()
+            withdrawn = withdrawn_from(_applied(history.events, unapplied))
+            checked = self._rollback_plan(current, withdrawn, allow_empty)[0]
+            if checked is not None:
+                artifact = self._bundle(checked, f"cannot roll {self.pointer} back to {checked!r}")
+                self._verify(artifact, f"refusing to roll {self.pointer} back to {KIND} {checked}")
         with self.files.locked():
             # Both files are read (and checked) first: a damaged one refuses every change.
             history, current = self.files.read_history(warn=False), self.current()
-            stack = list(current["stack"])
+            target, stack, skipped = self._rollback_plan(current, _withdrawn_now(history, current), allow_empty)
+            if verify and target != checked:
+                raise DeploymentError(
+                    f"{self.pointer} changed while {checked} was being checked: a rollback now goes to "
+                    f"{target or 'no bundle'} (sequence {current['sequence']}); nothing changed"
+                )
             path: str | None = None
-            if stack:
-                target: str | None = stack.pop()
+            if target is not None:
                 artifact = self._bundle(target, f"cannot roll {self.pointer} back to {target!r}")
                 path = os.path.abspath(artifact.path)
-            elif current["bundle_id"] is None:
-                raise DeploymentError(f"nothing is deployed on {self.pointer}: there is nothing to roll back")
-            elif allow_empty:
-                target = None
-            else:
-                raise DeploymentError(
-                    f"nothing to roll back to: {current['bundle_id']} is the only bundle deployed on "
-                    f"{self.pointer} (allow_empty / --allow-empty rolls back to no bundle at all)"
-                )
+            fields["withdrawn"] = current["bundle_id"]
+            fields["skipped_withdrawn"] = skipped
             return self.files.commit(history, "rollback", current, target, path, stack, fields)
 
     # ---- internals --------------------------------------------------------------------------
@@ -201,8 +274,9 @@ class Deployments:
                 hint = f" ({bundle_id} is a {other.kind}, not a {KIND})"
             except ArtifactNotFound:
                 pass
+            missing = self.store.artifact_dir(KIND, bundle_id) / MANIFEST
             raise DeploymentError(
-                f"{refusal}: no {KIND} {bundle_id!r} in {self.store.root / KIND}{hint}; "
+                f"{refusal}: no {KIND} {bundle_id!r} in {self.store.root / KIND} ({missing} is missing){hint}; "
                 "`aieng bundle build` builds one, `aieng bundle current` names the newest"
             ) from None
         except ArtifactIntegrityError as exc:
@@ -230,7 +304,26 @@ class Deployments:
                 f"(since {current['updated_at']}, sequence {current['sequence']}); nothing changed"
             )
 
-    def _verify(self, artifact: Artifact) -> None:
+    def _rollback_plan(
+        self, current: dict[str, Any], withdrawn: dict[str, dict[str, Any]], allow_empty: bool
+    ) -> tuple[str | None, list[str], list[str]]:
+        """(target, stack after, withdrawn entries passed over), or the refusal."""
+        if current["bundle_id"] is None and not current["stack"]:
+            raise DeploymentError(f"nothing is deployed on {self.pointer}: there is nothing to roll back")
+        target, stack, skipped = rollback_plan(current["stack"], withdrawn, current["bundle_id"])
+        if target is None and not allow_empty:
+            if skipped:
+                why = f"the bundles on {self.pointer}'s stack ({', '.join(skipped)}) are withdrawn or current"
+            else:
+                why = f"{current['bundle_id']} is the only bundle deployed on {self.pointer}"
+            raise DeploymentError(
+                f"nothing to roll back to: {why} (allow_empty / --allow-empty rolls back to no bundle at all)"
+            )
+        return target, stack, skipped
+
+    def _verify(self, artifact: Artifact, refusal: str) -> None:
+        """Re-hash, load and replay the goldens of `artifact`; DeploymentError starting
+        `refusal` and naming the first problem (the file) when it does not verify."""
         from aieng_core.bundle.verify import verify_bundle
 
         report = verify_bundle(artifact.path)
@@ -238,9 +331,19 @@ class Deployments:
             problems = report["problems"] or ["verification failed"]
             more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
             raise DeploymentError(
-                f"refusing to promote {KIND} {artifact.id} on {self.pointer}: {problems[0]}{more}; nothing changed "
+                f"{refusal}: {problems[0]}{more}; nothing changed "
                 f"(`aieng bundle verify {artifact.path}` lists every problem)"
             )
+
+
+def _applied(events: list[dict[str, Any]], unapplied: list[int]) -> list[dict[str, Any]]:
+    skipped = set(unapplied)
+    return [event for event in events if event["sequence"] not in skipped]
+
+
+def _withdrawn_now(history: History, current: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """What is withdrawn, from the two files read under the lock."""
+    return withdrawn_from(_applied(history.events, unapplied_sequences(history.events, current)))
 
 
 def _event_fields(

@@ -1,87 +1,209 @@
-"""Gate step 3: the candidate beside the bundle production serves, measured in the same run.
+"""Gate step 4: is the candidate slower than what serves? Both served, in this run, interleaved.
 
-Both bundles' models run through our engine, each with its own serving limits, in this
-process, on CPU, at each `benchmark.batch_sizes` (prompts of `benchmark.prompt_tokens`,
-`benchmark.new_tokens` generated, greedy, EOS ignored): warmed up, timed with the order
-alternated (benchmark/speed.side_by_side), the median with its spread. Measuring both now,
-under the same load, is what makes the ratio mean something: figures recorded when the
-deployed bundle was promoted were measured under another load.
+Each of `gate.compare_rounds` rounds starts two fresh `aieng serve --bundle` processes
+(loadgen/server_process.py, the gate's config), one for the candidate and one for the
+deployed bundle (which starts first alternates from round to round), warms both up, then
+sends them the same `gate.compare_requests` streamed
+/v1/completions requests in pairs (loadgen/http_load.py `paired`): request i to one server
+and then to the other, back to back, the order alternated from pair to pair (A B, B A, ...),
+from `gate.compare_concurrency` clients. The prompts are the stress step's (ignore_eos, so
+both sides generate exactly the same number of tokens). Measuring the two sides moments
+apart is what makes the comparison fair on a busy machine: a load that comes and goes hits
+both members of a pair alike, where turns of seconds each would hand it to one side.
 
-This step records the figures (in the gate report and the promotion event) and refuses
-nothing: the stress step's SLOs and regression bound decide. On a first deployment there is
-nothing to compare with, and the figures say so.
+The decision (speed_statistics.py): the candidate fails only when the confidence interval
+(`gate.compare_confidence`) of its median end-to-end latency over the deployed bundle's lies
+wholly above 1 + `gate.max_regression`. Figures measured when the deployed bundle was
+promoted, under another load, are never compared with: that was noise posing as a regression.
+The absolute SLOs are the stress step's.
+
+On a first deployment there is nothing to compare with, and the figures say so. A deployed
+bundle that cannot be served is production's problem (`aieng store verify` names it): it is
+said in the figures and does not stop the candidate.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
-from aieng_core.asset_keys import MODEL_CHECKPOINT, SERVING_BUNDLE
+from aieng_core.asset_keys import SERVING_BUNDLE
 from aieng_core.config import AiengConfig
-from aieng_core.deploy.deployments import Deployments
-from aieng_core.store import ArtifactIntegrityError, ArtifactNotFound
-from aieng_core.store.artifacts import input_ids
+from aieng_core.gate.report import GateFailed
+from aieng_core.gate.speed_statistics import decide
+from aieng_core.store import ArtifactIntegrityError, ArtifactNotFound, ArtifactStore
 
-DEVICE = "cpu"
+CANDIDATE, DEPLOYED = "candidate", "deployed"
+SIDES = (CANDIDATE, DEPLOYED)
+WARMUP_NEW_TOKENS = 2
 
 
-def compare_step(candidate_path: Path, production: Deployments, config: AiengConfig) -> dict[str, Any]:
-    import torch
+def _requests_for(bundle_path: Path, texts: list[tuple[str, int]]) -> list[Any]:
+    """The same prompts and token budgets, with the prompt length the bundle's own tokenizer gives
+    (the load generator checks it against the server's usage)."""
+    from aieng_core.loadgen.http_load import LoadRequest
+    from aieng_core.tokenizer.bpe import load_tokenizer
 
-    from aieng_core.benchmark import speed
-    from aieng_core.bundle.verify import load_bundle
-    from aieng_core.serving.device import torch_threads
+    tokenizer = load_tokenizer(bundle_path)
+    return [
+        LoadRequest(prompt, len(tokenizer.encode(prompt, add_special_tokens=False).ids), max_tokens)
+        for prompt, max_tokens in texts
+    ]
 
-    bench = config.benchmark
-    threads = bench.threads or torch.get_num_threads()
+
+def _max_context(bundle_path: Path) -> int:
+    import json
+
+    return int(json.loads((bundle_path / "serving.json").read_text(encoding="utf-8"))["max_context"])
+
+
+def _round(
+    paths: dict[str, Path],
+    requests: dict[str, list[Any]],
+    config: AiengConfig,
+    env: dict[str, str],
+    logs: dict[str, Path],
+    start_order: tuple[str, str],
+) -> dict[str, Any]:
+    """Two fresh servers, warmed up, sent the requests in pairs: per-request E2EL (ms) of each
+    side, index by index, and what each server did."""
+    from contextlib import ExitStack
+    from dataclasses import replace
+
+    from aieng_core.loadgen.http_load import closed_loop, paired
+    from aieng_core.loadgen.server_process import ServerProcess
+
+    gate = config.gate
+    servers = {side: ServerProcess(paths[side], logs[side], env) for side in SIDES}
+    try:
+        with ExitStack() as stack:
+            # Which server starts (and warms up) first alternates from round to round, as the
+            # order within pairs does: nothing about being first may favour one side.
+            for side in start_order:
+                stack.enter_context(servers[side])
+            for side in start_order:
+                warm = [replace(r, max_tokens=WARMUP_NEW_TOKENS) for r in requests[side][: gate.compare_concurrency]]
+                closed_loop(servers[side].port, warm, len(warm), stream=True, max_seconds=gate.max_seconds_per_level)
+            started = time.perf_counter()
+            records = paired(
+                (servers[CANDIDATE].port, servers[DEPLOYED].port),
+                (requests[CANDIDATE], requests[DEPLOYED]),
+                gate.compare_concurrency,
+                stream=True,
+                max_seconds=gate.max_seconds_per_level,
+            )
+            wall = time.perf_counter() - started
+        exit_codes = {side: servers[side].stop() for side in SIDES}
+    finally:
+        for server in servers.values():
+            server.stop()
+    measured: dict[str, Any] = {"wall_seconds": wall, "sides": {}}
+    for side, side_records in zip(SIDES, records):
+        failed = [r for r in side_records if not r.ok]
+        if len(side_records) != len(requests[side]) or failed:
+            errors = sorted({str(r.error) for r in failed})[:3]
+            raise ServedBadly(
+                side,
+                f"{len(requests[side]) - len(side_records)} requests not sent and {len(failed)} failed ({errors}); "
+                f"log: {logs[side]}",
+            )
+        measured["sides"][side] = {
+            "e2el_ms": [r.e2el * 1000.0 for r in side_records],
+            "ready_seconds": servers[side].ready_seconds,
+            "exit_code": exit_codes[side],
+            "log": str(logs[side]),
+        }
+    return measured
+
+
+class ServedBadly(RuntimeError):
+    def __init__(self, side: str, message: str) -> None:
+        super().__init__(message)
+        self.side = side
+
+
+def compare_step(
+    home: Path,
+    candidate_path: Path,
+    store: ArtifactStore,
+    deployed_id: str | None,
+    config: AiengConfig,
+    config_path: Path,
+    work_dir: Path,
+) -> dict[str, Any]:
+    from aieng_core.gate.server_env import server_env
+    from aieng_core.gate.stress import stress_requests
+
+    gate = config.gate
     figures: dict[str, Any] = {
-        "device": DEVICE,
-        "threads": threads,
-        "prompt_tokens": bench.prompt_tokens,
-        "new_tokens": bench.new_tokens,
-        "deployed_bundle_id": None,
-        "throughput": [],
+        "deployed_bundle_id": deployed_id,
+        "rounds": gate.compare_rounds,
+        "requests_per_turn": gate.compare_requests,
+        "concurrency": gate.compare_concurrency,
+        "max_regression": gate.max_regression,
+        "compared": False,
     }
-    deployed_id = production.current()["bundle_id"]
     if deployed_id is None:
         figures["note"] = "first deployment: nothing is deployed, so there is nothing to compare with"
         return figures
-    figures["deployed_bundle_id"] = deployed_id
-    needed = bench.prompt_tokens + bench.new_tokens
-    with torch_threads(threads):
-        # The candidate was verified by the verify step; both bundles' files are re-hashed as
-        # they load. A deployed bundle that cannot be loaded is production's problem, said in
-        # the figures (`aieng store verify` names it): it does not stop this candidate.
-        candidate = load_bundle(candidate_path, DEVICE, check_goldens=False)
+    try:
+        deployed_path = store.get(SERVING_BUNDLE, deployed_id).path
+    except (ArtifactNotFound, ArtifactIntegrityError) as exc:
+        figures["note"] = f"not compared: the deployed bundle {deployed_id} is not servable: {exc}"
+        return figures
+    paths = {CANDIDATE: candidate_path, DEPLOYED: deployed_path}
+    # Prompts cut for the smaller context of the two, so every request fits both bundles.
+    shorter = min(paths.values(), key=_max_context)
+    texts = [(r.prompt, r.max_tokens) for r in stress_requests(shorter, config, count=gate.compare_requests)]
+    requests = {side: _requests_for(path, texts) for side, path in paths.items()}
+    env = server_env(home, config_path)
+    turns: list[dict[str, Any]] = []
+    latencies: list[dict[str, list[float]]] = []
+    for number in range(1, gate.compare_rounds + 1):
+        logs = {side: work_dir / f"compare-round{number}-{side}.log" for side in SIDES}
         try:
-            deployed = load_bundle(production.store.get(SERVING_BUNDLE, deployed_id).path, DEVICE, check_goldens=False)
-        except (ArtifactNotFound, ArtifactIntegrityError, OSError, ValueError) as exc:
-            figures["note"] = f"not compared: the deployed bundle {deployed_id} cannot be loaded: {exc}"
-            return figures
-        loaded = {"candidate": candidate, "deployed": deployed}
-        models = [input_ids(bundle.manifest, MODEL_CHECKPOINT) for bundle in loaded.values()]
-        figures["same_model"] = models[0] == models[1]
-        short = [name for name, bundle in loaded.items() if int(bundle.serving["max_context"]) < needed]
-        if short:
-            figures["note"] = (
-                f"not compared: benchmark.prompt_tokens + benchmark.new_tokens ({needed}) exceed the max_context of "
-                f"the {' and '.join(short)} bundle"
+            start_order = SIDES if number % 2 == 1 else SIDES[::-1]
+            measured = _round(paths, requests, config, env, logs, start_order)
+        except ServedBadly as exc:
+            if exc.side == DEPLOYED:
+                figures["note"] = f"not compared: the deployed bundle {deployed_id} could not be served: {exc}"
+                figures["turns"] = turns
+                return figures
+            raise GateFailed(
+                "compare", "server", f"serving the candidate failed: {exc}", figures={**figures, "turns": turns}
+            ) from None
+        except RuntimeError as exc:  # a server never became ready, or exited
+            raise GateFailed(
+                "compare", "server", f"a comparison server failed: {exc}", figures={**figures, "turns": turns}
+            ) from None
+        latencies.append({side: measured["sides"][side].pop("e2el_ms") for side in SIDES})
+        for side in SIDES:
+            turns.append(
+                {"round": number, "side": side, "wall_seconds": measured["wall_seconds"], **measured["sides"][side]}
             )
-            return figures
-        largest = max(bench.batch_sizes)
-        engines = {name: bundle.make_engine(max_waiting=largest) for name, bundle in loaded.items()}
-        for size in bench.batch_sizes:
-            peers = {
-                name: (
-                    speed.engine_generate(engine),
-                    speed.benchmark_prompts(engine.encode, engine.eos_token_id, size, bench.prompt_tokens),
-                )
-                for name, engine in engines.items()
-            }
-            measured, _ = speed.side_by_side(peers, bench.new_tokens)
-            ratio = measured["candidate"]["tokens_per_second"] / measured["deployed"]["tokens_per_second"]
-            figures["throughput"].append({"batch_size": size, **measured, "ratio_vs_deployed": ratio})
-    ratios = ", ".join(f"batch {row['batch_size']}: {row['ratio_vs_deployed']:.2f}" for row in figures["throughput"])
-    figures["note"] = f"candidate / deployed {figures['deployed_bundle_id']} tokens/s, measured now: {ratios}"
+    rounds = [(m[CANDIDATE], m[DEPLOYED]) for m in latencies]
+    decision = decide(rounds, gate.max_regression, gate.compare_confidence)
+    figures.update(compared=True, turns=turns, decision=decision)
+    figures["note"] = f"candidate vs deployed {deployed_id}, served in this run: {decision['verdict']}"
+    figures["e2el_ms_median"] = {
+        side: _median([value for m in latencies for value in m[side]]) for side in (CANDIDATE, DEPLOYED)
+    }
+    if decision["regression"]:
+        low = decision["interval"][0]
+        raise GateFailed(
+            "compare",
+            "e2el_ms.median_ratio",
+            f"the candidate is slower than the deployed bundle {deployed_id}: {decision['verdict']} "
+            f"(gate.max_regression {gate.max_regression:.0%}, confidence {gate.compare_confidence:.0%})",
+            value=low,
+            limit=decision["limit"],
+            figures=figures,
+        )
     return figures
+
+
+def _median(values: list[float]) -> float:
+    import statistics
+
+    return statistics.median(values)

@@ -160,12 +160,21 @@ def reset_drill(drill: Deployments, target: str | None, actor: str, run_id: str 
             if drill.current()["bundle_id"] is None:
                 break
             drill.rollback(
-                actor=actor, reason="drill reset: production serves nothing", allow_empty=True, dagster_run_id=run_id
+                actor=actor,
+                reason="drill reset: production serves nothing",
+                allow_empty=True,
+                dagster_run_id=run_id,
+                verify=False,  # a reset, served by no one yet: the drill's own rollback verifies
             )
             changes += 1
     elif drill.current()["bundle_id"] != target:
         drill.promote(
-            target, actor=actor, reason="drill reset: what production serves", verify=False, dagster_run_id=run_id
+            target,
+            actor=actor,
+            reason="drill reset: what production serves",
+            verify=False,
+            dagster_run_id=run_id,
+            allow_withdrawn=True,  # the drill pointer is an exercise: its own rollbacks withdraw nothing real
         )
         changes += 1
     return changes
@@ -234,11 +243,16 @@ def drill_step(
         reason = f"gate drill of {candidate_id}: {phase}"
         started = time.perf_counter()
         if action == "promote":
-            drill.promote(candidate_id, actor=actor, reason=reason, verify=False, dagster_run_id=run_id)
+            # The re-promote follows the drill's own rollback, which withdrew the candidate on
+            # the drill pointer (an exercise); production's withdrawals are the gate's to check.
+            drill.promote(
+                candidate_id, actor=actor, reason=reason, verify=False, dagster_run_id=run_id, allow_withdrawn=True
+            )
         else:
             if expected is None:
                 traffic.empty.set()
-            drill.rollback(actor=actor, reason=reason, allow_empty=True, dagster_run_id=run_id)
+            # Verified before the pointer moves, as every rollback: part of the time to roll back.
+            drill.rollback(actor=actor, reason=reason, allow_empty=True, dagster_run_id=run_id, verify=True)
         command_seconds = time.perf_counter() - started
         figures[phase] = {"to": expected, "command_seconds": command_seconds}
         figures[phase]["seconds"] = command_seconds + wait_served(expected, phase)

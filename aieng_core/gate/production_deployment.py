@@ -1,18 +1,24 @@
 """production_deployment: the promotion gate. A serving bundle reaches production only through it.
 
-run_gate runs six steps in order, records each one's figures, and stops at the first
+A bundle a rollback withdrew is refused before any step (BundleWithdrawn names the rollback),
+unless `allow_withdrawn` says so explicitly (recorded in the promote's history line). Then
+run_gate runs seven steps in order, records each one's figures, and stops at the first
 failure (GateFailed names the step, the figure, the value and the limit):
 
 1. verify  (verify_step.py): integrity and golden outputs, inside the gate;
-2. warmup  (warmup.py): load on the serving device, cold vs warm first request, peak memory
+2. quality (quality.py): bits per byte of held-out text (both sides' validation documents),
+   candidate beside the deployed model: no worse than `gate.max_quality_regression`, and
+   below the unigram baseline;
+3. warmup  (warmup.py): load on the serving device, cold vs warm first request, peak memory
    against the budget rule, CUDA graph capture said honestly;
-3. compare (compare.py): the candidate's and the deployed bundle's tokens/s, measured now,
-   side by side (recorded, refuses nothing);
-4. stress  (stress.py): a real `aieng serve` under closed-loop and Poisson load, SLOs,
-   goodput, and no regression against the deployed bundle's gate figures;
-5. drill   (drill.py): promote, roll back and promote again on the drill pointer under
+4. compare (compare.py): candidate and deployed bundle served in this run, interleaved in
+   fresh servers, the same requests: slower beyond `gate.max_regression` only when a
+   confidence interval says so (speed_statistics.py);
+5. stress  (stress.py): a real `aieng serve` under closed-loop and Poisson load, absolute
+   SLOs, goodput;
+6. drill   (drill.py): promote, roll back and promote again on the drill pointer under
    traffic, goldens checked after each switch, time to rollback measured;
-6. promote: Deployments(home).promote (the atomic switch and its append-only history line),
+7. promote: Deployments(home).promote (the atomic switch and its append-only history line),
    with every step's figures and the Dagster run id in the event.
 
 A failed gate leaves production as it was (still serving). Every run's report, passed or
@@ -33,7 +39,7 @@ from aieng_core.config import AiengConfig
 from aieng_core.deploy.deployments import DeploymentError, Deployments, default_actor
 from aieng_core.gate.compare import compare_step
 from aieng_core.gate.drill import drill_step
-from aieng_core.gate.regression import baseline_event, load_sha256
+from aieng_core.gate.quality import quality_step
 from aieng_core.gate.report import (
     GateFailed,
     GateReport,
@@ -54,12 +60,25 @@ from aieng_core.store.pointers import deployments_dir
 
 KIND = asset_keys.PRODUCTION_DEPLOYMENT
 BUNDLE_KIND = asset_keys.SERVING_BUNDLE
-# v2: a compare step (candidate beside the deployed bundle, measured now); the bundle: config section.
-CODE_VERSION = "production_deployment-v2"
+# v3: a quality step; speed compared served, interleaved, with an interval (not against recorded
+# figures); withdrawn bundles refused.
+CODE_VERSION = "production_deployment-v3"
 PROMOTE_REASON = "gate passed"
 GATE_LOCK = ".gate.lock"  # under $AIENG_HOME/deployments/: held for a whole gate
 
 log = logging.getLogger("aieng.gate")
+
+
+def promoted_by(production: Deployments) -> dict[str, Any] | None:
+    """The history event that promoted what `production` serves now, or None when nothing is
+    deployed or no promote did (a rollback made it current again)."""
+    bundle_id = production.current()["bundle_id"]
+    if bundle_id is None:
+        return None
+    for event in reversed(production.history()):
+        if event["action"] == "promote" and event["to"] == bundle_id:
+            return event
+    return None
 
 
 def already_serving(production: Deployments, bundle_id: str) -> dict[str, Any] | None:
@@ -69,7 +88,7 @@ def already_serving(production: Deployments, bundle_id: str) -> dict[str, Any] |
     current = production.current()
     if current["bundle_id"] != bundle_id:
         return None
-    return {"sequence": current["sequence"], "since": current["updated_at"], "event": baseline_event(production)}
+    return {"sequence": current["sequence"], "since": current["updated_at"], "event": promoted_by(production)}
 
 
 def not_gated_again(bundle_id: str, sequence: int) -> str:
@@ -83,6 +102,7 @@ def run_gate(
     run_id: str | None = None,
     actor: str | None = None,
     logger: Any = log,
+    allow_withdrawn: bool = False,
 ) -> GateReport:
     """Gate `bundle_id` (a serving_bundle in the store of `home`) and promote it on production
     when every step passes. Raises GateFailed (production untouched; `.report` holds the
@@ -98,17 +118,25 @@ def run_gate(
         logger.info(f"gate {bundle_id}: another gate is running on {home}; waiting for it to finish")
 
     with exclusive_lock(deployments_dir(home) / GATE_LOCK, on_wait=waiting):
-        return _run_gate(home, config, bundle_id, run_id, actor, logger)
+        return _run_gate(home, config, bundle_id, run_id, actor, logger, allow_withdrawn)
 
 
 def _run_gate(
-    home: Path, config: AiengConfig, bundle_id: str, run_id: str | None, actor: str | None, logger: Any
+    home: Path,
+    config: AiengConfig,
+    bundle_id: str,
+    run_id: str | None,
+    actor: str | None,
+    logger: Any,
+    allow_withdrawn: bool,
 ) -> GateReport:
     production = Deployments(home)
     artifact = production.store.get(BUNDLE_KIND, bundle_id)
     serving = already_serving(production, bundle_id)
     if serving is not None:
         raise DeploymentError(not_gated_again(bundle_id, serving["sequence"]))
+    if not allow_withdrawn:
+        production.refuse_withdrawn(bundle_id)  # before any step: minutes of gating for a certain refusal
     current = production.current()  # what the gate measures against, and must find again to promote
     actor = actor or default_actor()
     report = GateReport(
@@ -125,11 +153,16 @@ def _run_gate(
     write_report(home, report)  # a gate in progress is findable too
     logger.info(f"gate {bundle_id}: started (production serves {current['bundle_id'] or 'nothing'}); {report.path}")
 
+    deployed = current["bundle_id"]
     steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
         ("verify", lambda: verify_step(artifact.path, bundle_id)),
+        ("quality", lambda: quality_step(artifact.path, production.store, deployed, config)),
         ("warmup", lambda: warmup_step(artifact.path, config)),
-        ("compare", lambda: compare_step(artifact.path, production, config)),
-        ("stress", lambda: stress_step(home, artifact.path, config, config_path, work_dir, production)),
+        (
+            "compare",
+            lambda: compare_step(home, artifact.path, production.store, deployed, config, config_path, work_dir),
+        ),
+        ("stress", lambda: stress_step(home, artifact.path, config, config_path, work_dir)),
         ("drill", lambda: drill_step(home, bundle_id, config, config_path, work_dir, actor, run_id)),
     ]
     for name, run in steps:
@@ -169,7 +202,6 @@ def _run_gate(
             "code_version": CODE_VERSION,
             "report": report.path,
             "config_sha256": config.section_sha256("serving", "gate", "benchmark"),
-            "load_sha256": load_sha256(config),  # what regression.compare checks comparability by
             "step_seconds": {step.name: step.seconds for step in report.steps},
         },
     }
@@ -184,6 +216,7 @@ def _run_gate(
             dagster_run_id=run_id,
             verify=False,
             expected_sequence=current["sequence"],
+            allow_withdrawn=allow_withdrawn,
         )
     except DeploymentError as exc:
         _fail(home, report, GateFailed("promote", "promote", str(exc)), started, logger)

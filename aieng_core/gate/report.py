@@ -19,7 +19,7 @@ from typing import Any
 from aieng_core.store.atomic import atomic_write_bytes
 from aieng_core.store.pointers import GATE_REPORTS_DIR, deployments_dir
 
-STEPS = ("verify", "warmup", "compare", "stress", "drill", "promote")
+STEPS = ("verify", "quality", "warmup", "compare", "stress", "drill", "promote")
 
 
 class GateFailed(Exception):
@@ -155,6 +155,11 @@ def _headline(name: str, figures: dict[str, Any]) -> str:
             f"{figures['warm_first_request_ms']:.1f} ms warm; peak memory {figures['peak_memory_bytes'] / 2**20:.0f} "
             f"MiB of a {figures['memory_budget_bytes'] / 2**30:.2f} GiB budget; CUDA graphs {figures['cuda_graphs']}"
         )
+    if name == "quality":
+        line = f"candidate {figures['candidate']['bits_per_byte']:.4f} bits/byte"
+        if "deployed" in figures:
+            line += f", deployed {figures['deployed']['bits_per_byte']:.4f} ({figures['worse_by']:+.1%})"
+        return line + f", unigram {figures['unigram']['bits_per_byte']:.4f}"
     if name == "compare":
         return str(figures["note"])
     if name == "stress":
@@ -162,7 +167,7 @@ def _headline(name: str, figures: dict[str, Any]) -> str:
             f"{level}: P99 TTFT {values['ttft_ms']['p99']:.1f} ms, {values['output_throughput']:.0f} tok/s"
             for level, values in figures["levels"].items()
         )
-        return f"{levels}; {figures['regression']['note']}"
+        return levels
     if name == "drill":
         traffic = figures["traffic"]
         return (
@@ -179,5 +184,5 @@ def step_headline(name: str, figures: dict[str, Any]) -> str:
     the same. A figure missing (a failed step stops early) gives "see the report", never an error."""
     try:
         return _headline(name, figures)
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, AttributeError):
         return "see the report"

@@ -178,6 +178,46 @@ async def _poisson(
     return list(await asyncio.gather(*(at_offset(o, r) for o, r in zip(offsets, requests))))
 
 
+async def _paired(
+    ports: tuple[int, int],
+    requests: tuple[Sequence[LoadRequest], Sequence[LoadRequest]],
+    concurrency: int,
+    stream: bool,
+    deadline: float | None = None,
+) -> tuple[list[RequestRecord], list[RequestRecord]]:
+    count = min(len(requests[0]), len(requests[1]))
+    records: list[list[RequestRecord | None]] = [[None] * count, [None] * count]
+    queue = iter(range(count))
+
+    async def client() -> None:
+        for index in queue:
+            # Pair `index` goes to both servers back to back, first A then B, then B then A for
+            # the next: whatever slows the machine meanwhile falls on both alike.
+            for side in (0, 1) if index % 2 == 0 else (1, 0):
+                if _past(deadline):
+                    return
+                records[side][index] = await _one(ports[side], requests[side][index], stream, deadline)
+
+    await asyncio.gather(*(client() for _ in range(min(concurrency, count))))
+    # A pair is kept only whole: both of its requests were sent.
+    whole = [i for i in range(count) if records[0][i] is not None and records[1][i] is not None]
+    return [records[0][i] for i in whole], [records[1][i] for i in whole]  # type: ignore[misc]
+
+
+def paired(
+    ports: tuple[int, int],
+    requests: tuple[Sequence[LoadRequest], Sequence[LoadRequest]],
+    concurrency: int,
+    stream: bool,
+    max_seconds: float | None = None,
+) -> tuple[list[RequestRecord], list[RequestRecord]]:
+    """The same work sent to two servers in pairs: `concurrency` clients each take the next
+    index i and send requests[0][i] to ports[0] and requests[1][i] to ports[1], one after the
+    other, the order alternated from pair to pair. Returns both sides' records of the pairs
+    sent whole, in index order (record i of each side is pair i)."""
+    return asyncio.run(_paired(ports, requests, concurrency, stream, _deadline(max_seconds)))
+
+
 def closed_loop(
     port: int, requests: Sequence[LoadRequest], concurrency: int, stream: bool, max_seconds: float | None = None
 ) -> list[RequestRecord]:

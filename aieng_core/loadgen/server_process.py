@@ -42,6 +42,7 @@ class ServerProcess:
         self.bundle = bundle
         self.pointer = pointer
         self.log_path = log_path
+        self.request_log_path = log_path.with_name(log_path.name + ".requests.jsonl")
         self.env = env
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
@@ -58,6 +59,9 @@ class ServerProcess:
             command += ["--deployment", "current", "--pointer", self.pointer]
         else:
             command += ["--bundle", str(self.bundle)]
+        # Its request log beside its server log: a gate's or a benchmark's traffic is never
+        # mixed into the home's own log of the answers production gave.
+        command += ["--request-log", str(self.request_log_path)]
         command += ["--host", "127.0.0.1", "--port", str(self.port)]
         up_path = "/health/ready" if self.pointer is None else "/health/live"
         started = time.perf_counter()

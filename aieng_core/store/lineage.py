@@ -8,7 +8,13 @@ Going down, one pass over every manifest in the store builds the reverse edges
 (`index_store`), so the answer costs one read per artifact however large the store.
 
 Deployment state is read through store/pointers.py, the one reader of a pointer's files:
-`current` means the bundle the production pointer names.
+`current` means the bundle the production pointer names. Going down, every pointer's applied
+history gives the intervals each bundle served on it (`served_intervals`).
+
+A bundle's data version (`bundle_data_version`) is the content hash (`content_sha256`) of the
+dataset_manifest its lineage summary names: the hash Dagster records as that asset's
+DataVersion, which the same data gives on any machine. The dataset_manifest's artifact id is
+not used: it is derived from its recipe (inputs' ids, code version, config), not its content.
 """
 
 from __future__ import annotations
@@ -29,9 +35,10 @@ from aieng_core.store.artifacts import (
     ArtifactIntegrityError,
     ArtifactNotFound,
     ArtifactStore,
+    InvalidArtifactName,
     is_valid_name,
 )
-from aieng_core.store.pointers import PRODUCTION, Pointer
+from aieng_core.store.pointers import PRODUCTION, DeploymentStateError, Pointer, pointer_names
 from aieng_core.store.source_paths import readable
 
 
@@ -79,6 +86,31 @@ def lineage_summary(store: ArtifactStore, artifact: Artifact) -> dict[str, Any]:
         "raw_source_files": sum(len(a.manifest.get("sources", [])) for a in raw),
         "artifacts": len(chain),  # `artifact` and everything upstream of it
     }
+
+
+def bundle_store(bundle_path: Path | str) -> ArtifactStore | None:
+    """The store holding the bundle directory at `bundle_path`
+    (`<home>/artifacts/serving_bundle/<id>/`), or None for a bundle outside a store."""
+    path = Path(os.path.abspath(bundle_path))
+    if path.parent.name == asset_keys.SERVING_BUNDLE and path.parent.parent.name == "artifacts":
+        return ArtifactStore(path.parents[2])
+    return None
+
+
+def bundle_data_version(store: ArtifactStore | None, bundle_manifest: dict[str, Any]) -> str | None:
+    """The content hash of the dataset_manifest a bundle was trained on (its manifest's
+    lineage summary names it), as that artifact's manifest records it; None when the bundle
+    names none, or `store` (None: no store) does not hold it readable."""
+    lineage = bundle_manifest.get("lineage")
+    dataset_id = lineage.get(asset_keys.DATASET_MANIFEST) if isinstance(lineage, dict) else None
+    if store is None or not isinstance(dataset_id, str):
+        return None
+    try:
+        dataset = store.get(asset_keys.DATASET_MANIFEST, dataset_id)
+    except (ArtifactNotFound, ArtifactIntegrityError, InvalidArtifactName):
+        return None
+    value = dataset.manifest.get("content_sha256")
+    return value if isinstance(value, str) and value else None
 
 
 # ---- the whole chain of one artifact ----------------------------------------------------------
@@ -235,10 +267,73 @@ def _sequence(event: dict[str, Any]) -> int:
     return value if isinstance(value, int) else -1
 
 
+def served_intervals(history: list[dict[str, Any]], bundle_id: str) -> list[dict[str, Any]]:
+    """Each stretch of a pointer's applied history (oldest first) during which `bundle_id` was
+    its current: `{from_time, from_sequence}` of the change that made it current, `{to_time,
+    to_sequence}` of the change that replaced it, both None while it is still current."""
+    intervals: list[dict[str, Any]] = []
+    serving: dict[str, Any] | None = None
+    for event in history:
+        if serving is not None and event.get("to") != bundle_id:
+            serving.update(to_time=event.get("time"), to_sequence=event.get("sequence"))
+            serving = None
+        elif serving is None and event.get("to") == bundle_id:
+            serving = {
+                "from_time": event.get("time"),
+                "from_sequence": event.get("sequence"),
+                "to_time": None,
+                "to_sequence": None,
+            }
+            intervals.append(serving)
+    return intervals
+
+
+def _pointer_deployments(
+    store: ArtifactStore, pointer: str, bundles: set[str], index: StoreIndex
+) -> tuple[str | None, list[dict[str, Any]]]:
+    """(the bundle `pointer` names now, the deployments on it of `bundles`). A damaged pointer
+    other than production is reported in `index.unreadable`; production's raises."""
+    try:
+        current, history = Pointer(store.home, pointer).applied()
+    except DeploymentStateError as exc:
+        if pointer == PRODUCTION:
+            raise
+        index.unreadable.append(str(exc))
+        return None, []
+    serving = current["bundle_id"]
+    deployments: list[dict[str, Any]] = []
+    for bundle_id in bundles:
+        events = [e for e in history if bundle_id in (e.get("to"), e.get("from"))]
+        if events or bundle_id == serving:
+            deployments.append(
+                {
+                    "pointer": pointer,
+                    "bundle_id": bundle_id,
+                    "serving_now": bundle_id == serving,
+                    "events": events,
+                    "intervals": served_intervals(history, bundle_id),
+                }
+            )
+    # Serving now first, then the most recently deployed (the highest event sequence).
+    deployments.sort(key=lambda d: d["bundle_id"])
+    deployments.sort(key=lambda d: max((_sequence(e) for e in d["events"]), default=-1), reverse=True)
+    deployments.sort(key=lambda d: not d["serving_now"])
+    return serving, deployments
+
+
 def _affected(store: ArtifactStore, index: StoreIndex, seeds: set[Key]) -> dict[str, Any]:
-    """The artifacts downstream of `seeds` (seeds included) and the production deployments
-    (current or past) of the bundles among them."""
+    """The artifacts downstream of `seeds` (seeds included) and the deployments (current or
+    past, on every pointer: production first) of the bundles among them."""
     keys = index.downstream(seeds) & index.manifests.keys()
+    bundles = {artifact_id for kind, artifact_id in keys if kind == asset_keys.SERVING_BUNDLE}
+    deployments: list[dict[str, Any]] = []
+    serving_on: dict[str, list[str]] = {}
+    pointers = [PRODUCTION, *(name for name in pointer_names(store.home) if name != PRODUCTION)]
+    for pointer in pointers:
+        serving, found = _pointer_deployments(store, pointer, bundles, index)
+        deployments += found
+        if serving is not None:
+            serving_on.setdefault(serving, []).append(pointer)
     artifacts = []
     for kind, artifact_id in sorted(
         keys, key=lambda k: (_kind_rank(k[0]), index.manifests[k].get("partition") or "", k[1])
@@ -250,23 +345,13 @@ def _affected(store: ArtifactStore, index: StoreIndex, seeds: set[Key]) -> dict[
                 "id": artifact_id,
                 "partition": manifest.get("partition"),
                 "created_at": manifest.get("created_at"),
+                # current: what the store's ref names (the newest build), not what serves;
+                # serving_on: the pointers that name this bundle now (what their servers serve).
                 "current": (kind, artifact_id) in index.current,
+                "serving_on": serving_on.get(artifact_id, []) if kind == asset_keys.SERVING_BUNDLE else [],
                 "path": str(index.paths[(kind, artifact_id)]),
             }
         )
-    bundles = {artifact_id for kind, artifact_id in keys if kind == asset_keys.SERVING_BUNDLE}
-    current, history = Pointer(store.home, PRODUCTION).applied()
-    serving = current["bundle_id"]
-    deployments: list[dict[str, Any]] = []
-    for bundle_id in bundles:
-        events = [e for e in history if bundle_id in (e.get("to"), e.get("from"))]
-        if events or bundle_id == serving:
-            deployments.append({"bundle_id": bundle_id, "serving_now": bundle_id == serving, "events": events})
-
-    # Serving now first, then the most recently deployed (the highest event sequence).
-    deployments.sort(key=lambda d: d["bundle_id"])
-    deployments.sort(key=lambda d: max((_sequence(e) for e in d["events"]), default=-1), reverse=True)
-    deployments.sort(key=lambda d: not d["serving_now"])
     return {"artifacts": artifacts, "deployments": deployments, "unreadable": index.unreadable}
 
 

@@ -10,7 +10,9 @@ gate's rollback drill uses a pointer of its own) holding:
 - `history.jsonl`: one JSON object per change, `{sequence, time, pointer, action, from, to,
   actor, reason, figures, dagster_run_id}`, appended with O_APPEND and fsynced, never rewritten.
   Sequence numbers strictly increase; current.json's `sequence` is that of the last change
-  applied.
+  applied. Later events carry the deploy policy's withdrawal keys too (deploy/withdrawn.py):
+  a rollback's `withdrawn` (the bundle it left) and `skipped_withdrawn`, a promote's
+  `allow_withdrawn` and `overrode_withdrawal`; older lines without them stay valid.
 - `.lock`: every change holds an exclusive flock on it for its whole read-modify-write.
 
 current.json is the truth about what is deployed. A history line whose change never reached
@@ -157,6 +159,21 @@ def event_problem(event: Any, pointer: str) -> str | None:
         return "figures is not a JSON object"
     if event["dagster_run_id"] is not None and not isinstance(event["dagster_run_id"], str):
         return f"dagster_run_id {event['dagster_run_id']!r} is not null or a string"
+    return _withdrawal_keys_problem(event)
+
+
+def _withdrawal_keys_problem(event: dict[str, Any]) -> str | None:
+    """The optional withdrawal keys (absent from older lines), checked when present."""
+    if "withdrawn" in event and not _is_name_or_none(event["withdrawn"]):
+        return f"withdrawn {event['withdrawn']!r} is not null or a valid bundle id"
+    skipped = event.get("skipped_withdrawn", [])
+    if not isinstance(skipped, list) or not all(isinstance(item, str) and is_valid_name(item) for item in skipped):
+        return f"skipped_withdrawn {skipped!r} is not a list of valid bundle ids"
+    if "allow_withdrawn" in event and type(event["allow_withdrawn"]) is not bool:
+        return f"allow_withdrawn {event['allow_withdrawn']!r} is not true or false"
+    overrode = event.get("overrode_withdrawal")
+    if overrode is not None and (not _is_int(overrode) or overrode < 1):
+        return f"overrode_withdrawal {overrode!r} is not null or a positive integer"
     return None
 
 

@@ -6,6 +6,11 @@
 - Every ref (refs/<kind>/<partition>.json) and every deployment pointer
   (deployments/<pointer>/: its current.json and history.jsonl, read by store/pointers.py as
   every other reader reads them) must be valid and name an artifact that exists and is intact.
+- Every bundle a deployment pointer serves or can roll back to (its current bundle and every
+  entry of its stack) must be in the store and intact: `deployments` lists each,
+  `{pointer, bundle_id, role: current|rollback, position, ok, problem}`, `position` being how
+  many rollbacks make it current (0: the current one, 1: the top of the stack), `problem`
+  naming the damaged or missing file.
 - Staging left beside targets (`.<name>.tmp-XXXXXXXX` directories and files: artifacts,
   refs, training checkpoints, deployment pointers, gate reports) is listed with whether a
   live writer still owns it; `gc=True` removes those none does (store/atomic.py says how
@@ -44,25 +49,27 @@ BUNDLE_KIND = asset_keys.SERVING_BUNDLE
 
 
 def verify_store(home: Path, gc: bool = False) -> dict[str, Any]:
-    """`{ok, home, artifacts_checked, damaged, bad_refs, staging, removed, stale_staging,
-    set_aside, unexpected}`; see the module docstring."""
+    """`{ok, home, artifacts_checked, damaged, bad_refs, deployments, staging, removed,
+    stale_staging, set_aside, unexpected}`; see the module docstring."""
     home = Path(home)
     if not home.is_dir():
         raise FileNotFoundError(f"AIENG_HOME {home} does not exist (set AIENG_HOME or --home)")
     store = ArtifactStore(home)
     damaged, intact, set_aside, unexpected = _check_artifacts(store)
     bad_refs = _check_refs(store, intact, unexpected) + _check_pointers(store, intact)
+    deployments = _check_deployed_bundles(store, damaged)
     staging: list[dict[str, Any]] = [
         {"path": str(path), "type": "directory" if path.is_dir() else "file", "owner_alive": owner_alive(path)}
         for path in find_staging(home)
     ]
     removed = [entry["path"] for entry in staging if gc and remove_if_abandoned(Path(entry["path"]))]
     return {
-        "ok": not damaged and not bad_refs,
+        "ok": not damaged and not bad_refs and all(entry["ok"] for entry in deployments),
         "home": str(home),
         "artifacts_checked": len(damaged) + len(intact),
         "damaged": damaged,
         "bad_refs": bad_refs,
+        "deployments": deployments,
         "staging": staging,
         "removed": removed,
         # What is left that no live writer owns: zero after --gc (unless a writer died meanwhile).
@@ -194,6 +201,40 @@ def _check_pointers(store: ArtifactStore, intact: set[tuple[str, str]]) -> list[
     return bad
 
 
+def _check_deployed_bundles(store: ArtifactStore, damaged: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each pointer's current bundle and every bundle of its stack (the history can roll back
+    to each): in the store, and re-hashed intact (by _check_artifacts). A pointer whose
+    current.json is damaged has no stack to read: _check_pointers reports it."""
+    problems = {item["id"]: item["problems"] for item in damaged if item["kind"] == BUNDLE_KIND}
+    entries: list[dict[str, Any]] = []
+    for name in pointer_names(store.home):
+        try:
+            current = Pointer(store.home, name).current()
+        except DeploymentStateError:
+            continue
+        reachable = [] if current["bundle_id"] is None else [(0, current["bundle_id"])]
+        reachable += list(enumerate(reversed(current["stack"]), start=1))  # 1: the top of the stack
+        for position, bundle_id in reachable:
+            directory = store.root / BUNDLE_KIND / bundle_id
+            problem = None
+            if bundle_id in problems:
+                found = problems[bundle_id]
+                problem = found[0] + (f" (and {len(found) - 1} more problems)" if len(found) > 1 else "")
+            elif not directory.is_dir():
+                problem = f"{directory / MANIFEST}: missing ({BUNDLE_KIND} {bundle_id} is not in the store)"
+            entries.append(
+                {
+                    "pointer": name,
+                    "bundle_id": bundle_id,
+                    "role": "current" if position == 0 else "rollback",
+                    "position": position,
+                    "ok": problem is None,
+                    "problem": problem,
+                }
+            )
+    return entries
+
+
 def find_staging(home: Path) -> list[Path]:
     """Every staging directory and temporary file under the state directories, sorted. Artifact
     directories are not entered (a stray file in one is verify()'s to report), nor staging."""
@@ -225,6 +266,17 @@ def format_verify(result: dict[str, Any]) -> str:
         lines += [f"    {problem}" for problem in item["problems"]]
     for ref in result["bad_refs"]:
         lines.append(f"  BAD REF {ref['ref']}: {ref['problem']}")
+    deployments = result["deployments"]
+    if deployments:
+        bad = [entry for entry in deployments if not entry["ok"]]
+        pointers = len({entry["pointer"] for entry in deployments})
+        lines.append(
+            f"  deployments: {len(deployments)} bundles served or reachable by rollback on {pointers} pointers, "
+            f"{len(bad)} damaged or missing"
+        )
+        for entry in bad:
+            where = "current" if entry["role"] == "current" else f"rollback target {entry['position']}"
+            lines.append(f"  DEPLOYMENT {entry['pointer']} {where} {entry['bundle_id']}: {entry['problem']}")
     for entry in result["staging"]:
         if entry["path"] in result["removed"]:
             state = "removed (no live writer)"

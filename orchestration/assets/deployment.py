@@ -3,23 +3,35 @@
 The asset calls aieng_core.gate.run_gate on the current serving_bundle (verify, warmup,
 compare, stress test, rollback drill on the drill pointer, promote) and turns the gate report into
 metadata. A failed gate raises dg.Failure naming the step and the figure, with production
-left serving what it served. A bundle production already serves is not gated again.
+left serving what it served. A bundle production already serves is not gated again, and a
+bundle a rollback withdrew is refused (dg.Failure naming the rollback) unless the run carries
+the tag `aieng/allow_withdrawn=true` (the promote records the override in the history).
+
+The asset check `rollback_target_ready` re-verifies what a rollback of production would make
+current (re-hash, load, goldens replayed: deploy/rollback_readiness.py); the schedule
+`rollback_readiness_schedule` runs it alone (orchestration/schedules.py), and it runs after
+every gate run of the `deploy` job too.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import dagster as dg
 
 from aieng_core import asset_keys
-from aieng_core.deploy.deployments import Deployments
+from aieng_core.deploy.deployments import DeploymentError, Deployments
+from aieng_core.deploy.withdrawn import BundleWithdrawn, withdrawn_refusal
 from aieng_core.gate import production_deployment as gate_core
 from aieng_core.gate.report import step_headline
+from aieng_core.store.pointers import PRODUCTION
 from orchestration.assets.serving import serving_bundle
 from orchestration.partitions import single_run
 from orchestration.resources import AiengResource
 
 # The bundle a run was requested for (orchestration/sensors.py); the gate gates the current one.
 BUNDLE_ID_TAG = "aieng/serving_bundle_id"
+# `true` on a run: gate (and promote) the current bundle even though a rollback withdrew it.
+ALLOW_WITHDRAWN_TAG = "aieng/allow_withdrawn"
 
 LEVEL_COLUMNS = (
     ("requests", "planned"),
@@ -67,6 +79,73 @@ def levels_table(levels: dict[str, dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def _step_figures(steps: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    figures = next((step.get("figures") for step in steps if step.get("name") == name), None)
+    return figures if isinstance(figures, dict) else {}
+
+
+def _stress_rows(figures: dict[str, Any]) -> dict[str, Any]:
+    levels = figures.get("levels")
+    if not isinstance(levels, dict) or not levels:
+        return {}
+    return {"stress_levels": dg.MetadataValue.md(levels_table(levels))}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _quality_rows(figures: dict[str, Any]) -> dict[str, Any]:
+    """Both models' bits per byte on the same held-out text, side by side, and the baseline."""
+    rows: dict[str, Any] = {}
+    for side in ("candidate", "deployed", "unigram"):
+        value = (figures.get(side) or {}).get("bits_per_byte") if isinstance(figures.get(side), dict) else None
+        if _number(value):
+            rows[f"bits_per_byte_{side}"] = value
+    if _number(figures.get("worse_by")):
+        rows["quality_worse_by"] = figures["worse_by"]
+    if rows:
+        table = ["| model | bundle | bits per byte |", "|---|---|---|"]
+        for side in ("candidate", "deployed", "unigram"):
+            entry = figures.get(side)
+            if isinstance(entry, dict) and _number(entry.get("bits_per_byte")):
+                bundle = entry.get("bundle_id") or ("token frequencies" if side == "unigram" else "")
+                table.append(f"| {side} | {_cell(bundle)} | {entry['bits_per_byte']:.4f} |")
+        rows["quality"] = dg.MetadataValue.md("\n".join(table))
+    return rows
+
+
+def _compare_rows(figures: dict[str, Any]) -> dict[str, Any]:
+    """The served speed comparison: the ratio of median latencies and its interval."""
+    decision = figures.get("decision")
+    if not isinstance(decision, dict) or not _number(decision.get("ratio")):
+        return {}
+    rows: dict[str, Any] = {"latency_ratio_vs_deployed": decision["ratio"]}  # plottable across gate runs
+    interval = decision.get("interval")
+    if isinstance(interval, list) and len(interval) == 2 and all(_number(v) for v in interval):
+        rows["latency_ratio_interval_low"], rows["latency_ratio_interval_high"] = interval
+    if isinstance(decision.get("verdict"), str):
+        rows["speed_verdict"] = dg.MetadataValue.text(decision["verdict"])
+    return rows
+
+
+def _drill_rows(figures: dict[str, Any]) -> dict[str, Any]:
+    keys = ("time_to_rollback_seconds", "pickup_seconds")
+    return {key: figures[key] for key in keys if isinstance(figures.get(key), int | float)}
+
+
+# Step name -> the metadata rows of its own it gets (numbers the UI plots across runs). Every
+# step's figures are in `figures` whatever is here; a step missing from a report, or a figure
+# missing from a step, adds no row. The quality step and the served speed comparison add
+# theirs here.
+STEP_ROWS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "quality": _quality_rows,
+    "compare": _compare_rows,
+    "stress": _stress_rows,
+    "drill": _drill_rows,
+}
+
+
 def report_metadata(report: dict[str, Any]) -> dict[str, Any]:
     """What the UI shows of a gate report (passed or failed)."""
     steps = report["steps"]
@@ -75,19 +154,27 @@ def report_metadata(report: dict[str, Any]) -> dict[str, Any]:
         "gate_steps": dg.MetadataValue.md(steps_table(steps)),
         "figures": dg.MetadataValue.json({step["name"]: step["figures"] for step in steps}),
         "gate_report": dg.MetadataValue.path(report["path"]),
-        "production_before": report["production_before"]["bundle_id"] or "none",
+        "production_before": (report.get("production_before") or {}).get("bundle_id") or "none",
     }
-    stress = next((step["figures"] for step in steps if step["name"] == "stress"), None)
-    if stress and stress.get("levels"):
-        metadata["stress_levels"] = dg.MetadataValue.md(levels_table(stress["levels"]))
-    compare = next((step["figures"] for step in steps if step["name"] == "compare"), None)
-    for row in (compare or {}).get("throughput", []):  # plottable across gate runs
-        metadata[f"ratio_vs_deployed_batch_{row['batch_size']}"] = row["ratio_vs_deployed"]
-    drill = next((step["figures"] for step in steps if step["name"] == "drill"), None)
-    if drill and "time_to_rollback_seconds" in drill:
-        metadata["time_to_rollback_seconds"] = drill["time_to_rollback_seconds"]
-        metadata["pickup_seconds"] = drill["pickup_seconds"]
+    for name, rows in STEP_ROWS.items():
+        metadata.update(rows(_step_figures(steps, name)))
     return metadata
+
+
+def withdrawn_failure(bundle_id: str, event: dict[str, Any]) -> dg.Failure:
+    """The run's failure for a bundle a rollback withdrew: the refusal names the rollback."""
+    return dg.Failure(
+        description=f"{withdrawn_refusal(bundle_id, event, PRODUCTION)}; to gate it anyway, run with the tag "
+        f"{ALLOW_WITHDRAWN_TAG}=true",
+        metadata={
+            "bundle_id": bundle_id,
+            "withdrawn_by_sequence": event["sequence"],
+            "time": event["time"],
+            "reason": dg.MetadataValue.text(event["reason"] or "(none given)"),
+            "actor": event["actor"],
+        },
+        allow_retries=False,
+    )
 
 
 @dg.asset(
@@ -98,14 +185,19 @@ def report_metadata(report: dict[str, Any]) -> dict[str, Any]:
     group_name="deployment",
     kinds={"python"},
     description=(
-        "The promotion gate on the current serving_bundle, then the switch: verify (integrity, goldens), warmup "
-        "(cold vs warm first request, peak memory against weights x 1.3 + 2 GiB), compare (the candidate's and the "
-        "deployed bundle's tokens/s, measured side by side now), stress test of a real "
+        "The promotion gate on the current serving_bundle, then the switch: verify (integrity, goldens), quality "
+        "(bits per byte of both sides' held-out text, candidate beside the deployed model: at most "
+        "gate.max_quality_regression worse, and below the unigram baseline), warmup (cold vs warm first request, "
+        "peak memory against weights x 1.3 + 2 GiB), compare (both bundles served in this run in fresh servers, the "
+        "same requests in interleaved pairs; slower only when the interval of the median latency ratio lies above "
+        "1 + gate.max_regression), stress test of a real "
         "`aieng serve` (closed loop at gate.concurrencies, Poisson at gate.poisson_rates; P99 TTFT and E2EL "
-        "SLOs, goodput floor, no error, no regression beyond gate.max_regression against the deployed bundle's "
-        "gate figures), rollback drill on the drill pointer under traffic (goldens after every switch, time "
-        "to rollback), then the atomic promote on production with every figure in its history line. A failed "
-        "gate leaves production serving what it served."
+        "SLOs, goodput floor, no error), rollback drill on the drill pointer under traffic (goldens after every "
+        "switch, time to rollback), then the atomic promote on production with every figure in its history line. A failed "
+        "gate leaves production serving what it served. A bundle a rollback withdrew is refused, naming the "
+        f"rollback, unless the run has the tag {ALLOW_WITHDRAWN_TAG}=true. A promote or rollback made with "
+        "`aieng deploy` is recorded here too (a runless materialization: by the CLI when AIENG_DAGSTER_URL names "
+        "the webserver, else by deployment_pointer_sensor), so the latest materialization names what production serves."
     ),
 )
 def production_deployment(context: dg.AssetExecutionContext, aieng: AiengResource) -> dg.MaterializeResult:
@@ -133,8 +225,26 @@ def production_deployment(context: dg.AssetExecutionContext, aieng: AiengResourc
                 "history_event": dg.MetadataValue.json(serving["event"] or {}),
             },
         )
+    allow_withdrawn = context.run.tags.get(ALLOW_WITHDRAWN_TAG) == "true"
+    withdrawal = production.withdrawal(bundle.id)
+    if withdrawal is not None:
+        if not allow_withdrawn:
+            raise withdrawn_failure(bundle.id, withdrawal)
+        context.log.warning(
+            f"{withdrawn_refusal(bundle.id, withdrawal, PRODUCTION)}; gated anyway: this run has the tag "
+            f"{ALLOW_WITHDRAWN_TAG}=true (a promote records allow_withdrawn in the history)"
+        )
     try:
-        report = run_gate(store.home, aieng.settings(), bundle.id, run_id=context.run.run_id, logger=context.log)
+        report = run_gate(
+            store.home,
+            aieng.settings(),
+            bundle.id,
+            run_id=context.run.run_id,
+            logger=context.log,
+            allow_withdrawn=allow_withdrawn,
+        )
+    except BundleWithdrawn as refusal:  # withdrawn by a rollback made since the check above
+        raise withdrawn_failure(refusal.bundle_id, refusal.event) from None
     except GateFailed as failure:
         metadata: dict[str, Any] = {
             "failed_step": failure.step,
@@ -158,3 +268,59 @@ def production_deployment(context: dg.AssetExecutionContext, aieng: AiengResourc
             "history_event": dg.MetadataValue.json({k: v for k, v in event.items() if k != "figures"}),
         },
     )
+
+
+@dg.asset_check(
+    asset=production_deployment,
+    description=(
+        "The rollback target is ready: what `aieng deploy rollback` would make current now (the top of "
+        "production's stack, withdrawn bundles passed over) is re-hashed, loaded and its goldens replayed through "
+        "the serving engine. Passes when it is ready or when there is nothing to roll back to; the result is "
+        "written to deployments/production/rollback-check.json, which `aieng deploy status` and the server's "
+        "aieng_rollback_target_ready gauge read."
+    ),
+)
+def rollback_target_ready(aieng: AiengResource) -> dg.AssetCheckResult:
+    from aieng_core.deploy.rollback_readiness import check_rollback_target
+    from aieng_core.store.rollback_check import check_path
+
+    home = aieng.store().home
+    try:
+        result = check_rollback_target(home, PRODUCTION)
+    except DeploymentError as exc:  # production's own files are damaged (named): nothing could be checked
+        return dg.AssetCheckResult(
+            passed=False,
+            severity=dg.AssetCheckSeverity.ERROR,
+            description=str(exc),
+            metadata={"problems": dg.MetadataValue.json([str(exc)])},
+        )
+    metadata: dict[str, Any] = {
+        "bundle_id": result["bundle_id"] or "none",
+        "problems": dg.MetadataValue.json(result["problems"]),
+        "goldens_checked": result["goldens_checked"],
+        "seconds": result["seconds"],
+        "checked_at": result["checked_at"],
+        "sequence": result["sequence"],
+        "result_file": dg.MetadataValue.path(str(check_path(home, PRODUCTION))),
+    }
+    if result["ok"] is None:
+        note = f"nothing to roll back to: production (sequence {result['sequence']}) has no earlier bundle left"
+        metadata["note"] = dg.MetadataValue.text(note)
+        return dg.AssetCheckResult(passed=True, description=note, metadata=metadata)
+    if result["ok"]:
+        description = (
+            f"rollback target {result['bundle_id']} is ready: re-hashed, loaded, {result['goldens_checked']} "
+            f"goldens replayed in {result['seconds']:.1f} s"
+        )
+        return dg.AssetCheckResult(passed=True, description=description, metadata=metadata)
+    problems = result["problems"] or ["verification failed"]
+    more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+    return dg.AssetCheckResult(
+        passed=False,
+        severity=dg.AssetCheckSeverity.ERROR,
+        description=f"rollback target {result['bundle_id']} is not ready: {problems[0]}{more}",
+        metadata=metadata,
+    )
+
+
+CHECKS = [rollback_target_ready]

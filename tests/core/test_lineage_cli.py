@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,8 @@ from aieng_core import asset_keys
 from aieng_core.cli.lineage import add_parsers as add_lineage_parser
 from aieng_core.hashing import sha256_file
 from aieng_core.store import ArtifactNotFound, ArtifactStore
-from aieng_core.store.lineage import NothingDeployed, upstream
+from aieng_core.store.lineage import NothingDeployed, lineage_graph, upstream
+from aieng_core.store.request_log import RequestNotLogged, default_request_log, encode_line
 from tests.bundle_fixtures import BundledHome
 from tests.conftest import DEMO_PARTITIONS
 from tests.core.lineage_helpers import NODE_KEYS, deploy_history, expected_downstream
@@ -148,19 +151,42 @@ def test_affected_by_partition_json_and_text(
     assert {(a["kind"], a["id"]) for a in result["artifacts"]} == expected_downstream(store, seeds)
     assert len(result["artifacts"]) == 11
     for item in result["artifacts"]:
-        assert set(item) == {"kind", "id", "partition", "created_at", "current", "path"}
+        assert set(item) == {"kind", "id", "partition", "created_at", "current", "serving_on", "path"}
     assert [
-        (d["bundle_id"], d["serving_now"], [e["sequence"] for e in d["events"]]) for d in result["deployments"]
+        (d["pointer"], d["bundle_id"], d["serving_now"], [e["sequence"] for e in d["events"]])
+        for d in result["deployments"]
     ] == [
-        (newer, True, [3]),
-        (bundle.id, False, [2, 3]),
+        ("production", newer, True, [3]),
+        ("production", bundle.id, False, [2, 3]),
+        ("drill", bundle.id, True, [1]),
     ]
     text = lineage(store, capsys, "--affected-by", "2026-01-02")
-    assert text.startswith("affected by partition 2026-01-02: 11 artifacts (* = current)\n")
-    assert f"  * serving_bundle {bundle.id}  created " in text
-    assert f"  serving_bundle {newer}  SERVING NOW" in text
-    assert f"  serving_bundle {bundle.id}  not serving" in text
-    assert f"#2 2026-02-02T10:00:00+00:00 promote {events[1]['from']} -> {bundle.id} by alice: change 2" in text
+    assert text.startswith(
+        "affected by partition 2026-01-02: 11 artifacts (* = current in the store: its newest build, not "
+        "necessarily what serves; SERVING NOW = what the production pointer names)\n"
+    )
+    lines = text.splitlines()
+    # The store's newest bundle is not what serves; the hand-made one the pointer names is.
+    (current_line,) = [line for line in lines if line.startswith(f"  * serving_bundle {bundle.id}  created ")]
+    assert current_line.endswith("  (named by drill now)") and "SERVING NOW" not in current_line
+    (serving_line,) = [line for line in lines if line.startswith(f"    serving_bundle {newer}  created ")]
+    assert serving_line.endswith("  SERVING NOW")
+    production = lines.index("deployed to production (2 bundles):")
+    assert lines[production + 1 : production + 9] == [
+        f"  serving_bundle {newer}  SERVING NOW",
+        "    served from #3 2026-02-03T10:00:00+00:00 until now (still current)",
+        f"    #3 2026-02-03T10:00:00+00:00 promote {bundle.id} -> {newer} by alice: change 3",
+        f"  serving_bundle {bundle.id}  not serving",
+        "    served from #2 2026-02-02T10:00:00+00:00 until #3 2026-02-03T10:00:00+00:00",
+        f"    #2 2026-02-02T10:00:00+00:00 promote {events[1]['from']} -> {bundle.id} by alice: change 2",
+        f"    #3 2026-02-03T10:00:00+00:00 promote {bundle.id} -> {newer} by alice: change 3",
+        "deployed to drill (1 bundle):",
+    ]
+    assert lines[production + 9 : production + 12] == [
+        f"  serving_bundle {bundle.id}  named by drill now",
+        "    served from #1 2026-02-01T10:00:00+00:00 until now (still current)",
+        f"    #1 2026-02-01T10:00:00+00:00 promote none -> {bundle.id} by alice: change 1",
+    ]
 
     empty = lineage(store, capsys, "--affected-by", "2025-12-31")
     assert empty == "nothing is affected by partition 2025-12-31: no artifact in the store was built from it\n"
@@ -195,3 +221,105 @@ def test_affected_by_a_landed_file(
         f"nothing is affected by file {missing} (not found: matched by its recorded path only): "
         "no raw_documents snapshot records that path\n"
     )
+
+
+# ---- --request: what answered a logged request ----------------------------------------------------
+
+
+def logged(request_id: str, bundle_id: str, data_version: str = "d" * 64, **extra: object) -> dict[str, object]:
+    return {
+        "time": "2026-02-03T11:00:00.000+00:00",
+        "request_id": request_id,
+        "method": "POST",
+        "path": "/v1/completions",
+        "status": 200,
+        "bundle_id": bundle_id,
+        "data_version": data_version,
+        "latency_ms": 41.5,
+        **extra,
+    }
+
+
+def test_request_names_the_bundle_that_answered_and_its_chain(
+    serving_bundle_artifact: BundledHome, copy_bundled_home, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = copy_bundled_home(serving_bundle_artifact)
+    bundle = serving_bundle_artifact.bundle
+    newer, _events = deploy_history(store, bundle)  # production serves `newer` now
+    dataset = store.require_current(asset_keys.DATASET_MANIFEST)
+    log = default_request_log(store.home)
+    log.parent.mkdir(parents=True)
+    records = [
+        logged("rid-1", newer, dataset.content_sha256),
+        logged("rid-2", bundle.id, dataset.content_sha256, finish_reason="stop", completion_tokens=7),
+        logged("rid-1", bundle.id, dataset.content_sha256),  # the id reused: its last answer counts
+    ]
+    log.write_bytes(b"".join(encode_line(r) for r in records))
+    result = lineage_json(store, capsys, "--request", "rid-1")
+    assert set(result) == {"request", "request_log", "chain_data_version", "root", "nodes"}
+    assert result["request"] == records[2] and result["request_log"] == str(log)
+    assert result["root"] == bundle.id  # the bundle that answered, not the one serving now
+    assert result["nodes"] == lineage_graph(store, store.get(asset_keys.SERVING_BUNDLE, bundle.id))["nodes"]
+    assert result["chain_data_version"] == dataset.content_sha256
+    raw = [n for n in result["nodes"].values() if n["kind"] == asset_keys.RAW_DOCUMENTS]
+    assert sum(len(n["sources"]) for n in raw) == 5
+
+    text = lineage(store, capsys, "--request", "rid-2")
+    lines = text.splitlines()
+    assert lines[:3] == [
+        "request rid-2: POST /v1/completions 200 at 2026-02-03T11:00:00.000+00:00 "
+        "(41.5 ms, finish stop, 7 tokens generated)",
+        f"answered by serving_bundle {bundle.id}, data version {dataset.content_sha256}",
+        f"  (from the request log {log})",
+    ]
+    assert lines[4] == f"lineage of serving_bundle {bundle.id}: 14 artifacts, 3 raw snapshots of 5 landed files"
+    assert "WARNING" not in text
+
+    elsewhere = store.home / "elsewhere.jsonl"
+    elsewhere.write_bytes(encode_line(logged("rid-3", bundle.id, "e" * 64)))
+    text = lineage(store, capsys, "--request", "rid-3", "--request-log", str(elsewhere))
+    assert f"WARNING: the bundle's chain has the data version {dataset.content_sha256}" in text
+
+
+def test_request_refusals_name_what_is_missing(
+    serving_bundle_artifact: BundledHome, copy_bundled_home, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = copy_bundled_home(serving_bundle_artifact)
+    log = default_request_log(store.home)
+    with pytest.raises(RequestNotLogged, match=f"there is no request log at {log}"):
+        lineage(store, capsys, "--request", "rid-1")
+    log.parent.mkdir(parents=True)
+    log.write_bytes(
+        encode_line(logged("early", "none", "none", path="/generate", status=503))
+        + encode_line(logged("gone", "0123456789abcdef"))
+    )
+    with pytest.raises(RequestNotLogged, match=rf"request 'rid-1' is not in the request log {log}"):
+        lineage(store, capsys, "--request", "rid-1")
+    with pytest.raises(ValueError, match=r"request early \(POST /generate 503 at .*\) was answered while no bundle"):
+        lineage(store, capsys, "--request", "early")
+    with pytest.raises(ArtifactNotFound, match="was answered by serving_bundle 0123456789abcdef, but: no serving"):
+        lineage(store, capsys, "--request", "gone")
+    with pytest.raises(ValueError, match="use it with --request REQUEST_ID"):
+        lineage(store, capsys, "--request-log", str(log))
+    with pytest.raises(ValueError, match="not both --affected-by and --request"):
+        lineage(store, capsys, "--affected-by", "2026-01-02", "--request", "early")
+    assert capsys.readouterr().out == ""
+
+
+def test_request_lookup_imports_no_torch(serving_bundle_artifact: BundledHome, copy_bundled_home) -> None:
+    """`aieng lineage --request` answers during an incident in well under a second: it loads no
+    model code (torch alone takes seconds to import)."""
+    store = copy_bundled_home(serving_bundle_artifact)
+    log = default_request_log(store.home)
+    log.parent.mkdir(parents=True)
+    log.write_bytes(encode_line(logged("rid", serving_bundle_artifact.bundle.id)))
+    code = (
+        "import sys\n"
+        "from aieng_core import cli\n"
+        f"assert cli.main(['--home', {str(store.home)!r}, 'lineage', '--request', 'rid', '--json']) == 0\n"
+        "heavy = ('torch', 'transformers', 'fastapi', 'dagster')\n"
+        "print(sorted(m for m in heavy if m in sys.modules), file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(done.stdout)["root"] == serving_bundle_artifact.bundle.id
+    assert done.stderr.strip().splitlines()[-1] == "[]"

@@ -23,6 +23,7 @@ from aieng_core.store.lineage import (
     git_state,
     index_store,
     lineage_graph,
+    served_intervals,
     upstream,
 )
 from tests.bundle_fixtures import BundledHome
@@ -110,6 +111,49 @@ def test_a_history_line_that_never_reached_the_pointer_is_not_a_deployment(
     assert [(d["bundle_id"], d["serving_now"], [e["sequence"] for e in d["events"]]) for d in deployments] == [
         (bundle.id, True, [1])
     ]
+    assert deployments[0]["intervals"] == [
+        {"from_time": applied["time"], "from_sequence": 1, "to_time": None, "to_sequence": None}
+    ]
+
+
+def test_intervals_follow_every_change_of_a_pointer() -> None:
+    """A bundle promoted, rolled back from, promoted again: two stretches, the last still open."""
+    history = [
+        event(1, "promote", None, "a"),
+        event(2, "promote", "a", "b"),
+        event(3, "rollback", "b", "a"),
+        event(4, "promote", "a", "b"),
+        event(5, "rollback", "b", None),
+        event(6, "promote", None, "b"),
+    ]
+
+    def stretch(start: int, end: int | None) -> dict:
+        return {
+            "from_time": history[start - 1]["time"],
+            "from_sequence": start,
+            "to_time": history[end - 1]["time"] if end else None,
+            "to_sequence": end,
+        }
+
+    assert served_intervals(history, "a") == [stretch(1, 2), stretch(3, 4)]
+    assert served_intervals(history, "b") == [stretch(2, 3), stretch(4, 5), stretch(6, None)]
+    assert served_intervals(history, "never") == []
+
+
+def test_a_damaged_pointer_besides_production_is_reported_not_fatal(
+    serving_bundle_artifact: BundledHome, copy_bundled_home
+) -> None:
+    store = copy_bundled_home(serving_bundle_artifact)
+    deploy_history(store, serving_bundle_artifact.bundle)
+    damaged = store.home / "deployments" / "drill" / "current.json"
+    damaged.write_text("{", encoding="utf-8")
+    result = affected_by_partition(store, DEMO_PARTITIONS[0])
+    assert {d["pointer"] for d in result["deployments"]} == {"production"}
+    (problem,) = result["unreadable"]
+    assert problem.startswith(f"{damaged}: not valid JSON")
+    (store.home / "deployments" / "production" / "current.json").write_text("{", encoding="utf-8")
+    with pytest.raises(DeploymentStateError, match="production/current.json"):
+        affected_by_partition(store, DEMO_PARTITIONS[0])
 
 
 # ---- downstream ---------------------------------------------------------------------------------
@@ -160,11 +204,45 @@ def test_affected_by_a_partition_is_everything_built_from_it(
     assert current[(asset_keys.SERVING_BUNDLE, newer)] is False  # no ref points at the hand-made one
     assert all(a["created_at"] for a in result["artifacts"])
 
-    # Production only (the drill's pointer also served `bundle`), serving now first.
+    # Every pointer, production first; on each, serving now first. Each stretch a bundle was
+    # current, from the change that made it so to the one that replaced it (None: still is).
+    drill_event = event(1, "promote", None, bundle.id, pointer="drill")
+
+    def since(e: dict, until: dict | None = None) -> dict:
+        return {
+            "from_time": e["time"],
+            "from_sequence": e["sequence"],
+            "to_time": until["time"] if until else None,
+            "to_sequence": until["sequence"] if until else None,
+        }
+
     assert result["deployments"] == [
-        {"bundle_id": newer, "serving_now": True, "events": [events[2]]},
-        {"bundle_id": bundle.id, "serving_now": False, "events": [events[1], events[2]]},
+        {
+            "pointer": "production",
+            "bundle_id": newer,
+            "serving_now": True,
+            "events": [events[2]],
+            "intervals": [since(events[2])],
+        },
+        {
+            "pointer": "production",
+            "bundle_id": bundle.id,
+            "serving_now": False,
+            "events": [events[1], events[2]],
+            "intervals": [since(events[1], events[2])],
+        },
+        {
+            "pointer": "drill",
+            "bundle_id": bundle.id,
+            "serving_now": True,
+            "events": [drill_event],
+            "intervals": [since(drill_event)],
+        },
     ]
+    # What serves now (a pointer names it) against what is current in the store (a ref names it).
+    serving_on = {a["id"]: a["serving_on"] for a in result["artifacts"]}
+    assert serving_on[newer] == ["production"] and serving_on[bundle.id] == ["drill"]
+    assert not any(a["serving_on"] for a in result["artifacts"] if a["kind"] != asset_keys.SERVING_BUNDLE)
 
 
 def test_a_partition_no_bundle_used_and_one_nothing_used(
@@ -214,7 +292,11 @@ def test_affected_by_a_landed_file_matches_its_path_and_its_bytes(
     ]
     assert by_path["affected_by"]["sha256"] == sha256_file(original)
     assert keys(by_path) == expected_downstream(store, {(raw.kind, raw.id)})
-    assert [d["serving_now"] for d in by_path["deployments"]] == [True, False]
+    assert [(d["pointer"], d["serving_now"]) for d in by_path["deployments"]] == [
+        ("production", True),
+        ("production", False),
+        ("drill", True),
+    ]
     # ... the same bytes landed elsewhere (this copy's landing folder), through a `..` ...
     copied = store.home / "raw" / "2026-01-02" / original.name
     roundabout = store.home / "raw" / "2026-01-01" / ".." / "2026-01-02" / original.name

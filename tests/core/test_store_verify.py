@@ -416,3 +416,84 @@ def test_a_crash_point_kills_at_its_nth_hit_only(home: Path) -> None:
         check=False,
     )
     assert result.returncode == -signal.SIGKILL and result.stdout == "1\n2\n"
+
+
+# ---- every bundle the deployment history can roll back to ----------------------------------------
+def build_bundle_like(store: ArtifactStore, name: str) -> str:
+    """A serving_bundle artifact (two files; cheap: store verify only re-hashes)."""
+
+    def produce(staging: Path) -> Produced:
+        (staging / "model.safetensors").write_bytes(f"weights of {name}\n".encode() * 64)
+        (staging / "serving.json").write_text(json.dumps({"name": name}))
+        return Produced(content_sha256=sha256_bytes(name.encode()))
+
+    spec = ArtifactSpec(kind="serving_bundle", code_version="bundle-v1", config_sha256="c" * 64, recipe={"n": name})
+    return store.build(spec, produce).id
+
+
+def deployed_three(store: ArtifactStore, home: Path) -> tuple[str, str, str]:
+    """x, then y, then z promoted on production: z current, the stack [x, y]."""
+    from aieng_core.deploy.deployments import Deployments
+
+    x, y, z = (build_bundle_like(store, name) for name in ("x", "y", "z"))
+    for bundle_id in (x, y, z):
+        Deployments(home).promote(bundle_id, actor="tester", verify=False)
+    return x, y, z
+
+
+def test_every_bundle_a_pointer_can_roll_back_to_is_checked(
+    store: ArtifactStore, home: Path, capsys: pytest.CaptureFixture
+) -> None:
+    x, y, z = deployed_three(store, home)
+    result = verify_store(home)
+    assert result["ok"] is True and result["artifacts_checked"] == 3
+    assert result["deployments"] == [
+        {"pointer": "production", "bundle_id": z, "role": "current", "position": 0, "ok": True, "problem": None},
+        {"pointer": "production", "bundle_id": y, "role": "rollback", "position": 1, "ok": True, "problem": None},
+        {"pointer": "production", "bundle_id": x, "role": "rollback", "position": 2, "ok": True, "problem": None},
+    ]
+    assert main(["--home", str(home), "store", "verify"]) == 0
+    assert capsys.readouterr().out == (
+        f"store {home}: OK: 3 artifacts re-hashed, 0 damaged, 0 bad refs\n"
+        "  deployments: 3 bundles served or reachable by rollback on 1 pointers, 0 damaged or missing\n"
+    )
+
+
+def test_a_damaged_or_missing_rollback_target_fails_store_verify(
+    store: ArtifactStore, home: Path, capsys: pytest.CaptureFixture
+) -> None:
+    x, y, _ = deployed_three(store, home)
+    damaged = home / "artifacts" / "serving_bundle" / y / "model.safetensors"
+    data = bytearray(damaged.read_bytes())
+    data[10] ^= 0x01
+    damaged.write_bytes(bytes(data))
+    shutil.rmtree(home / "artifacts" / "serving_bundle" / x)  # gone from the store altogether
+    missing = home / "artifacts" / "serving_bundle" / x / MANIFEST
+
+    assert main(["--home", str(home), "store", "verify", "--json"]) == 1
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result["ok"] is False and [d["id"] for d in result["damaged"]] == [y]
+    assert result["bad_refs"] == []  # the current pointer names z, which is intact
+    assert [(e["bundle_id"], e["role"], e["position"], e["ok"], e["problem"]) for e in result["deployments"]][1:] == [
+        (y, "rollback", 1, False, f"{damaged}: sha256 does not match the manifest"),
+        (x, "rollback", 2, False, f"{missing}: missing (serving_bundle {x} is not in the store)"),
+    ]
+    assert captured.err == (
+        f"aieng: error: 1 damaged artifacts, 0 bad refs, 2 deployed or rollback bundles damaged or missing in {home}\n"
+    )
+
+    assert main(["--home", str(home), "store", "verify"]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"store {home}: DAMAGED: 2 artifacts re-hashed, 1 damaged, 0 bad refs"
+    assert f"  DEPLOYMENT production rollback target 1 {y}: {damaged}: sha256 does not match the manifest" in out
+    assert f"  DEPLOYMENT production rollback target 2 {x}: {missing}: missing" in out
+
+
+def test_a_missing_rollback_target_alone_fails_store_verify(store: ArtifactStore, home: Path) -> None:
+    """Only the stack names it: no artifact is damaged, no ref is bad, and yet a rollback would fail."""
+    x, _, _ = deployed_three(store, home)
+    shutil.rmtree(home / "artifacts" / "serving_bundle" / x)
+    result = verify_store(home)
+    assert (result["ok"], result["damaged"], result["bad_refs"]) == (False, [], [])
+    assert [e["bundle_id"] for e in result["deployments"] if not e["ok"]] == [x]

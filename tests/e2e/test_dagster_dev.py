@@ -1,7 +1,8 @@
 """`dagster dev` driven from outside, as a script or a person drives it: a partition range of the
 data assets launched through the official GraphQL client, what the run recorded read back
-through GraphQL, and the UI's asset graph rendered in headless Chromium (the screenshot is kept
-for people to look at; the test prints where)."""
+through GraphQL, the UI's asset graph rendered in headless Chromium (the screenshot is kept
+for people to look at; the test prints where), and an `aieng deploy rollback` that tells the
+webserver, read back through GraphQL as production_deployment's latest materialization."""
 
 from __future__ import annotations
 
@@ -431,3 +432,48 @@ def test_asset_graph_page_shows_every_asset_key(
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert struct.unpack(">II", png[16:24]) == (VIEWPORT["width"], VIEWPORT["height"])
     assert len(png) > 50_000, f"{screenshot} is {len(png)} bytes: an empty page, not a graph"
+
+
+def test_a_cli_rollback_is_production_deployments_latest_materialization(
+    dagster_dev: DagsterDev, serving_bundle_artifact: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """`aieng deploy rollback` with AIENG_DAGSTER_URL naming the webserver: the asset's latest
+    materialization, read back through GraphQL, names the bundle rolled back to and the
+    rollback's sequence. The CLI's home is its own (dagster dev's pointer sensor watches another,
+    where nothing is deployed), so only the CLI can have told Dagster."""
+    from aieng_core.deploy.deployments import Deployments
+    from tests.core.deploy import build_bundle_pair, home_with_bundles
+
+    pair = build_bundle_pair(tmp_path_factory.mktemp("pointer-pair"), serving_bundle_artifact)
+    home = home_with_bundles(tmp_path_factory.mktemp("pointer-cli") / "home", pair)
+    production = Deployments(home)
+    production.promote(pair.a.id, verify=False)
+    production.promote(pair.b.id, verify=False)
+    key = asset_keys.PRODUCTION_DEPLOYMENT
+    node = dagster_dev.client._execute(GRAPHQL_MATERIALIZED, {"key": {"path": [key]}})["assetNodeOrError"]
+    assert node["assetMaterializations"] == []  # nothing told Dagster of the two promotes
+
+    env = {**dagster_dev.env, "AIENG_DAGSTER_URL": f"http://127.0.0.1:{dagster_dev.port}"}
+    done = subprocess.run(
+        [str(BIN / "aieng"), "--home", str(home), "deploy", "rollback", "--reason", "x", "--json"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr[-4000:]
+    event = json.loads(done.stdout)["event"]
+    assert (event["sequence"], event["to"]) == (3, pair.a.id)
+
+    found = materialized(dagster_dev.client, key, None)
+    assert found.run_id == ""  # a runless materialization
+    assert {name: found.metadata[name] for name in ("bundle_id", "sequence", "action", "from", "reason")} == {
+        "bundle_id": pair.a.id,
+        "sequence": 3,
+        "action": "rollback",
+        "from": pair.b.id,
+        "reason": "x",
+    }
+    assert found.metadata["reported_by"] == "aieng deploy rollback"
+    assert found.tags["dagster/data_version"] == found.data_version == f"{pair.a.id}:3"

@@ -1,7 +1,9 @@
 """A real Prometheus (Debian's `prometheus` package) scrapes a real `aieng serve`, with the
 alert rules of configs/alerts.yml loaded: the series it stores read back through its HTTP API
 equal what the server counted, every rule loads and evaluates without error, a healthy server
-fires nothing, and a killed one makes AiengDown go pending.
+fires nothing, and a killed one makes AiengDown go pending. A server following a pointer that
+names a damaged bundle exports the mismatch, which Prometheus reads with both bundles named,
+and its rollback readiness check's result.
 
 promtool checks the rules file and runs unit tests of every alert on synthetic series: when
 each one fires, for which instance, and after how long (its `for:`).
@@ -13,6 +15,7 @@ is a poll with a deadline.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
@@ -31,10 +34,13 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from aieng_core.config import load_config
+from aieng_core.deploy.deployments import Deployments
 from aieng_core.loadgen.http_client import request
 from aieng_core.loadgen.server_process import ServerProcess, free_port
+from aieng_core.store.pointers import PRODUCTION
+from aieng_core.store.rollback_check import write_check
 from tests.conftest import TINY_CONFIG
-from tests.e2e.serve_helpers import poll
+from tests.e2e.serve_helpers import flip_one_byte, poll
 
 pytestmark = pytest.mark.e2e
 
@@ -110,6 +116,8 @@ def _buckets(name: str, instance: str, slow_from: float, bounds: list[str]) -> l
 
 GENERATE, HEALTH = {"endpoint": "/generate"}, {"endpoint": "/health/ready"}
 A = {"job": JOB, "instance": "a:1"}
+MISMATCH = {"pointer": "production", "pointer_bundle": "b2", "served_bundle": "b1"}
+AGREE = {"pointer": "production", "pointer_bundle": "b1", "served_bundle": "b1"}
 ALERT_CASES = [
     AlertCase(
         "AiengDown",  # a: down from 45 s on
@@ -218,6 +226,42 @@ ALERT_CASES = [
         quiet_at="1m30s",
         firing_at="3m",
         firing=[A],
+    ),
+    AlertCase(
+        "AiengDeploymentMismatch",  # a: the pointer names b2, which it refused, and it serves b1; b: agree
+        [
+            _series("aieng_deployment_mismatch", "a:1", "1x20", **MISMATCH),
+            _series("aieng_deployment_mismatch", "b:1", "0x20", **AGREE),
+        ],
+        quiet_at="45s",
+        firing_at="1m30s",
+        firing=[{**A, **MISMATCH}],
+    ),
+    AlertCase(
+        "AiengRollbackTargetNotReady",  # a: its check failed; b: not ready only because stale (the overdue alert's)
+        [
+            _series("aieng_rollback_target_ready", "a:1", "0x40", pointer="production", bundle_id="b0"),
+            _series("aieng_rollback_check_stale", "a:1", "0x40", pointer="production"),
+            _series("aieng_rollback_target_ready", "b:1", "0x40", pointer="production", bundle_id="b0"),
+            _series("aieng_rollback_check_stale", "b:1", "1x40", pointer="production"),
+        ],
+        quiet_at="4m",
+        firing_at="6m",
+        firing=[{**A, "pointer": "production", "bundle_id": "b0"}],
+    ),
+    AlertCase(
+        "AiengRollbackCheckOverdue",  # a: last checked 2 h ago and counting; c: stale since the pointer moved; b: fresh
+        [
+            _series("aieng_rollback_check_age_seconds", "a:1", "1900+15x420", pointer="production"),
+            _series("aieng_rollback_check_stale", "a:1", "0x420", pointer="production"),
+            _series("aieng_rollback_check_age_seconds", "c:1", "60x420", pointer="production"),
+            _series("aieng_rollback_check_stale", "c:1", "1x420", pointer="production"),
+            _series("aieng_rollback_check_age_seconds", "b:1", "60x420", pointer="production"),
+            _series("aieng_rollback_check_stale", "b:1", "0x420", pointer="production"),
+        ],
+        quiet_at="80m",
+        firing_at="100m",
+        firing=[{**A, "pointer": "production"}, {"job": JOB, "instance": "c:1", "pointer": "production"}],
     ),
 ]
 
@@ -426,3 +470,102 @@ def test_prometheus_scrapes_serve_and_evaluates_the_alert_rules(tmp_path: Path, 
             assert down["labels"] == {"alertname": "AiengDown", "instance": target, "job": JOB, "severity": "P0"}
             assert down["annotations"]["summary"] == f"aieng serve on {target} cannot be scraped"
             assert query(port, f'up{{job="{JOB}"}}') == {target_labels: 0.0}
+
+
+def test_prometheus_reads_the_deployment_mismatch_and_the_rollback_readiness(
+    tmp_path: Path, serving_bundle_artifact, second_bundle
+) -> None:
+    """A server following the production pointer, whose pointer then names a bundle damaged
+    since it was built (one byte of its weights changed; the pointer written without
+    verification, as a rollback to it would): it refuses that bundle and keeps serving, still
+    ready, and Prometheus reads the mismatch naming both bundles, with its alert pending. The
+    rollback readiness check's result file is read on the server's poll and reaches Prometheus."""
+    first_id, second_id = serving_bundle_artifact.bundle.id, second_bundle.id
+    home = tmp_path / "home"
+    shutil.copytree(second_bundle.path.parents[2], home)  # the store holding both bundles
+    deployments = Deployments(home)
+    deployments.promote(first_id, reason="first")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIENG_")}
+    env.update(AIENG_HOME=str(home), AIENG_CONFIG=str(TINY_CONFIG))
+    with ServerProcess(None, tmp_path / "server.log", env, pointer=PRODUCTION) as server:
+        target = f"127.0.0.1:{server.port}"
+        target_labels = (("instance", target), ("job", JOB))
+
+        def series(**labels: str) -> tuple[tuple[str, str], ...]:
+            """A series' labels as query() gives them: sorted, the target's included."""
+            return tuple(sorted({"instance": target, "job": JOB, **labels}.items()))
+
+        def ready() -> dict[str, Any] | None:
+            status, body = http_get(server.port, "/health/ready")
+            return json.loads(body) if status == 200 else None
+
+        poll(lambda: (ready() or {}).get("bundle_id") == first_id, READBACK_S * 3, f"the server to serve {first_id}")
+        with running_prometheus(tmp_path, server.port) as port:
+            agree = series(pointer=PRODUCTION, pointer_bundle=first_id, served_bundle=first_id)
+            poll(
+                lambda: query(port, "aieng_deployment_mismatch") == {agree: 0.0},
+                READBACK_S,
+                "the mismatch gauge at 0 while the pointer and the server agree",
+            )
+            assert query(port, "aieng_rollback_target_ready") == {}  # no check has run yet
+
+            flip_one_byte(home / "artifacts" / "serving_bundle" / second_id / "model.safetensors")
+            deployments.promote(second_id, reason="damaged since it was built", verify=False)
+            refused = poll(lambda: (r := ready()) and r["deployment"]["mismatch"] and r, READBACK_S * 3, "a refusal")
+            assert refused["bundle_id"] == first_id  # still serving, still ready
+            assert refused["deployment"]["bundle_id"] == second_id and refused["deployment"]["refused"] is True
+            mismatch = refused["deployment"]["mismatch"]
+            assert (mismatch["pointer_bundle"], mismatch["served_bundle"]) == (second_id, first_id)
+            assert "model.safetensors: sha256 does not match the manifest" in mismatch["reason"]
+
+            labels = {"pointer": PRODUCTION, "pointer_bundle": second_id, "served_bundle": first_id}
+            expected = {series(**labels): 1.0}
+            poll(lambda: query(port, "aieng_deployment_mismatch") == expected, READBACK_S, f"mismatch == {expected}")
+            assert query(port, "aieng_ready") == {target_labels: 1.0}
+
+            def pending(alertname: str) -> list[dict[str, Any]]:
+                alerts = api(port, "/api/v1/alerts")["alerts"]
+                return [alert for alert in alerts if alert["labels"]["alertname"] == alertname]
+
+            (alert,) = poll(lambda: pending("AiengDeploymentMismatch"), READBACK_S, "AiengDeploymentMismatch pending")
+            assert alert["state"] == "pending"
+            assert alert["labels"] == {
+                "alertname": "AiengDeploymentMismatch",
+                **labels,
+                **dict(target_labels),
+                "severity": "P0",
+            }
+            assert alert["annotations"]["summary"] == (
+                f"aieng serve on {target} serves {first_id}, not {second_id}, which the production pointer "
+                "names: it refused that bundle"
+            )
+
+            # The rollback target (the first bundle: the top of the stack) checked and failed,
+            # then checked and passed: each result reaches Prometheus from the server's poll.
+            sequence = deployments.current()["sequence"]
+            check = {
+                "pointer": PRODUCTION,
+                "checked_at": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
+                "sequence": sequence,
+                "bundle_id": first_id,
+                "ok": False,
+                "problems": ["model.safetensors: sha256 does not match the manifest"],
+                "goldens_checked": 0,
+                "seconds": 0.5,
+            }
+            write_check(home, check)
+            ready_labels = series(bundle_id=first_id, pointer=PRODUCTION)
+            poll(
+                lambda: query(port, "aieng_rollback_target_ready") == {ready_labels: 0.0},
+                READBACK_S,
+                "aieng_rollback_target_ready == 0",
+            )
+            assert query(port, "aieng_rollback_check_stale") == {series(pointer=PRODUCTION): 0.0}
+            (not_ready,) = poll(lambda: pending("AiengRollbackTargetNotReady"), READBACK_S, "the not-ready alert")
+            assert not_ready["labels"]["bundle_id"] == first_id and not_ready["state"] == "pending"
+            write_check(home, {**check, "ok": True, "problems": [], "goldens_checked": 3})
+            poll(
+                lambda: query(port, "aieng_rollback_target_ready") == {ready_labels: 1.0},
+                READBACK_S,
+                "aieng_rollback_target_ready == 1",
+            )

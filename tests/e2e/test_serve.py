@@ -27,7 +27,9 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from aieng_core.serving.http.metrics import METRIC_HELP
+from aieng_core import asset_keys
+from aieng_core.deploy.deployments import Deployments
+from aieng_core.serving.http.metrics import METRIC_HELP, POINTER_METRICS
 from tests.conftest import TINY_CONFIG
 from tests.e2e.serve_helpers import (
     AIENG,
@@ -57,6 +59,16 @@ BIG_QUEUE = {"max_waiting": 256}
 @pytest.fixture(scope="module")
 def goldens(bundle_path: Path) -> list[dict[str, Any]]:
     return json.loads((bundle_path / "golden.json").read_text(encoding="utf-8"))["outputs"]
+
+
+@pytest.fixture(scope="module")
+def data_version(serving_bundle_artifact) -> str:
+    """The content hash of the dataset_manifest the session bundle was trained on."""
+    return serving_bundle_artifact.store.require_current(asset_keys.DATASET_MANIFEST).content_sha256
+
+
+def names_bundle(reply: Reply, bundle_id: str, data_version: str) -> bool:
+    return (reply.headers["x-aieng-bundle-id"], reply.headers["x-aieng-data-version"]) == (bundle_id, data_version)
 
 
 @pytest.fixture(scope="module")
@@ -237,7 +249,10 @@ def test_metrics_expose_every_name(server: Server) -> None:
     text = server.get("/metrics").body.decode()
     names = {sample.name for family in text_string_to_metric_families(text) for sample in family.samples}
     for name in METRIC_HELP:
-        assert name in names or f"{name}_count" in names, name
+        if name in POINTER_METRICS:  # only a server following a pointer exports those
+            assert name not in names, name
+        else:
+            assert name in names or f"{name}_count" in names, name
     assert "process_resident_memory_bytes" in names
     assert not [name for name in names if ":" in name]
     assert server.metric("aieng_kv_cache_slots") == 16
@@ -329,7 +344,7 @@ def test_non_streaming_clients_disconnecting_free_their_slots_within_a_second(se
 # ---- backpressure, deadlines, drain, reload (each on a server of its own) ---------------------------------
 
 
-def test_full_queue_is_429_with_retry_after(tmp_path: Path, bundle_path: Path) -> None:
+def test_full_queue_is_429_with_retry_after(tmp_path: Path, bundle_path: Path, data_version: str) -> None:
     server = start_server(tmp_path, bundle_path, max_waiting=1)
     try:
         body = {"prompt": "overload", "max_new_tokens": LONG_TOKENS, "ignore_eos": True}
@@ -350,6 +365,7 @@ def test_full_queue_is_429_with_retry_after(tmp_path: Path, bundle_path: Path) -
         refused = next(r for r in every if r.status == 429)
         assert int(refused.headers["retry-after"]) >= 1
         assert refused.error["type"] == "overloaded"
+        assert all(names_bundle(r, bundle_path.name, data_version) for r in every)
         assert all(r.json["tokens"] == LONG_TOKENS for r in every if r.status == 200)
         rejected = sum(r.status == 429 for r in every)
         assert server.metric("aieng_requests_rejected_total", reason="overloaded") == rejected
@@ -358,13 +374,14 @@ def test_full_queue_is_429_with_retry_after(tmp_path: Path, bundle_path: Path) -
         assert server.stop() == 0, server.log_tail()
 
 
-def test_deadline_is_504_and_frees_slots(tmp_path: Path, bundle_path: Path) -> None:
+def test_deadline_is_504_and_frees_slots(tmp_path: Path, bundle_path: Path, data_version: str) -> None:
     server = start_server(tmp_path, bundle_path, request_timeout_s=0.05, **BIG_QUEUE)
     try:
         reply = long_predict(server, "deadline")
         assert reply.status == 504, reply.body
         assert reply.error["type"] == "timeout" and "request_timeout_s" in reply.error["message"]
         assert reply.headers["x-request-id"] == "long-deadline"
+        assert names_bundle(reply, bundle_path.name, data_version)
         server.wait_idle()
         assert server.metric("aieng_requests_rejected_total", reason="timeout") == 1
         assert server.metric("aieng_request_success_total", finished_reason="cancelled") > LONG_INPUTS / 2
@@ -372,7 +389,7 @@ def test_deadline_is_504_and_frees_slots(tmp_path: Path, bundle_path: Path) -> N
         assert server.stop() == 0, server.log_tail()
 
 
-def test_sigterm_drains_in_flight_requests_then_exits_0(tmp_path: Path, bundle_path: Path) -> None:
+def test_sigterm_drains_in_flight_requests_then_exits_0(tmp_path: Path, bundle_path: Path, data_version: str) -> None:
     server = start_server(tmp_path, bundle_path, **BIG_QUEUE)
     try:
         with ThreadPoolExecutor(1) as pool:
@@ -383,6 +400,8 @@ def test_sigterm_drains_in_flight_requests_then_exits_0(tmp_path: Path, bundle_p
             assert readiness.error["code"] == "draining"
             refused = server.post("/generate", {"prompt": "too late", "max_new_tokens": 2})
             assert refused.status == 503 and refused.error["code"] == "draining"
+            assert names_bundle(refused, bundle_path.name, data_version)
+            assert names_bundle(readiness, bundle_path.name, data_version)
             assert server.get("/health/live").status == 200
             reply = in_flight.result(timeout=120)
         assert reply.status == 200, reply.body
@@ -529,6 +548,7 @@ def test_serve_deployment_current_follows_promote_and_rollback_without_failing_a
             "bundle_id": first_id,
             "sequence": 1,
             "refused": False,
+            "mismatch": None,
         }
         # The admin API cannot fight the pointer.
         reload = server.post(
@@ -548,8 +568,13 @@ def test_serve_deployment_current_follows_promote_and_rollback_without_failing_a
         with ThreadPoolExecutor(2) as pool:
             clients = [pool.submit(traffic, tag) for tag in ("a", "b")]
             try:
-                for action, expected in (("promote", second_id), ("rollback", first_id), ("promote", second_id)):
-                    arguments = ("promote", second_id) if action == "promote" else ("rollback",)
+                # The rollback withdraws the second bundle: promoting it again is asked for explicitly.
+                steps = (
+                    ("promote", second_id, ("promote", second_id)),
+                    ("rollback", first_id, ("rollback",)),
+                    ("promote", second_id, ("promote", second_id, "--allow-withdrawn")),
+                )
+                for action, expected, arguments in steps:
                     deploy(home, *arguments, "--reason", f"drill {action}")
                     poll(serving(expected), 60, f"the server to pick up {expected}")
             finally:
@@ -571,6 +596,9 @@ def test_serve_deployment_current_follows_promote_and_rollback_without_failing_a
         print(f"pointer switch to serving the new bundle (s): {[round(x, 2) for x in switch_to_served]}")
         assert all(0 < seconds < 10 for seconds in switch_to_served), switch_to_served
         assert server.get("/version").json["deployment"]["sequence"] == 4
+        agree = {"pointer": "production", "pointer_bundle": second_id, "served_bundle": second_id}
+        deployment_series = {k: v for k, v in server.metrics().items() if k[0] == "aieng_deployment_mismatch"}
+        assert deployment_series == {("aieng_deployment_mismatch", tuple(sorted(agree.items()))): 0.0}
 
         # A bundle with one byte of its weights changed: `aieng deploy promote` refuses it
         # naming the file, and changes nothing.
@@ -580,14 +608,27 @@ def test_serve_deployment_current_follows_promote_and_rollback_without_failing_a
         assert "model.safetensors: sha256 does not match the manifest" in refused and "nothing changed" in refused
         assert deploy(home, "status")["sequence"] == 4
         before = greedy_answers(server)
-        # A rollback does not re-verify: the pointer names the damaged bundle, and the server
-        # refuses it; the current one keeps serving (the same answers), and /health/ready and
-        # /version say what the pointer names.
-        deploy(home, "rollback", "--reason", "to a bundle damaged since")
+        # `aieng deploy rollback` verifies its target too, and refuses it. Written without
+        # verification (the Deployments API), the pointer names the damaged bundle, and the
+        # server refuses it; the current one keeps serving (the same answers), and
+        # /health/ready, /version and the mismatch gauge say what the pointer names.
+        assert "model.safetensors" in deploy_refused(home, "rollback", "--reason", "to a bundle damaged since")
+        Deployments(home).rollback(reason="to a bundle damaged since", verify=False)
         poll(lambda: server.get("/version").json["deployment"]["refused"], 60, "the damaged bundle to be refused")
-        ready = server.get("/health/ready").json
-        assert ready["bundle_id"] == second_id
-        assert ready["deployment"] == {"pointer": "production", "bundle_id": first_id, "sequence": 5, "refused": True}
+        ready = server.get("/health/ready")
+        body = ready.json
+        assert ready.status == 200 and body["bundle_id"] == second_id
+        mismatch = body["deployment"].pop("mismatch")
+        assert body["deployment"] == {
+            "pointer": "production",
+            "bundle_id": first_id,
+            "sequence": 5,
+            "refused": True,
+        }
+        assert (mismatch["pointer_bundle"], mismatch["served_bundle"]) == (first_id, second_id)
+        assert "model.safetensors: sha256 does not match the manifest" in mismatch["reason"]
+        labels = {"pointer": "production", "pointer_bundle": first_id, "served_bundle": second_id}
+        assert server.metric("aieng_deployment_mismatch", **labels) == 1
         assert greedy_answers(server) == before
         (refusal,) = [ln for ln in server.log_lines() if "which was refused" in ln["message"]]
         assert "model.safetensors: sha256 does not match the manifest" in refusal["message"]

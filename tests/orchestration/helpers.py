@@ -111,3 +111,21 @@ def step_failure_messages(result: dg.ExecuteInProcessResult) -> dict[str, str]:
 
 def started_steps(result: dg.ExecuteInProcessResult) -> set[str]:
     return {event.step_key for event in result.all_events if event.event_type_value == "STEP_START"}
+
+
+def tick_like_the_daemon(
+    sensor: dg.SensorDefinition, instance: dg.DagsterInstance, cursor: str | None, resources: dict[str, Any]
+) -> Any:
+    """One evaluation of `sensor`, its asset events then recorded in `instance` as the daemon
+    records them (dagster/_daemon/sensor.py: `instance.report_runless_asset_event` for each)."""
+    data = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources))
+    for event in data.asset_events:
+        instance.report_runless_asset_event(event)
+    return data
+
+
+def flip_a_byte(path: Path) -> None:
+    """Change one byte in the middle of a file (a damaged artifact file)."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))

@@ -129,7 +129,10 @@ def test_checks_exist_and_are_blocking() -> None:
     assert {
         (spec.asset_key.to_user_string(), spec.name) for spec in specs if spec.asset_key.to_user_string() in DATA_HALF
     } == DATA_HALF_CHECKS
-    assert all(spec.blocking for spec in specs), [spec.name for spec in specs if not spec.blocking]
+    # Checks stop bad data from flowing on; rollback_target_ready guards no downstream step (it
+    # reports whether a rollback would work), so it alone does not block.
+    assert [spec.name for spec in specs if not spec.blocking] == ["rollback_target_ready"]
+    assert ("production_deployment", "rollback_target_ready") in declared
     assert all(asset in asset_keys() for asset, _ in declared)
     graph_checks = {(key.asset_key.to_user_string(), key.name) for key in defs.resolve_asset_graph().asset_check_keys}
     assert graph_checks == declared
@@ -145,11 +148,35 @@ def test_daily_ingest_job_is_the_data_half_with_its_checks() -> None:
 
 
 def test_daily_ingest_schedule() -> None:
-    assert [s.name for s in defs.schedules or []] == ["daily_ingest_schedule", "retrain_schedule"]
+    assert [s.name for s in defs.schedules or []] == [
+        "daily_ingest_schedule",
+        "retrain_schedule",
+        "rollback_readiness_schedule",
+    ]
     schedule = defs.resolve_schedule_def("daily_ingest_schedule")
     assert schedule.job_name == "daily_ingest"
     assert schedule.cron_schedule == "0 1 * * *"
     assert schedule.execution_timezone in (None, "UTC")
+
+
+def test_jobs_and_sensors() -> None:
+    assert sorted(job.name for job in defs.jobs or []) == ["daily_ingest", "deploy", "retrain", "rollback_readiness"]
+    assert [sensor.name for sensor in defs.sensors or []] == ["serving_bundle_sensor", "deployment_pointer_sensor"]
+    statuses = {sensor.name: sensor.default_status for sensor in defs.sensors or []}
+    # The pointer sensor only records what the pointer says, so it runs from the start; the
+    # one that launches gate runs waits to be turned on.
+    assert statuses == {
+        "serving_bundle_sensor": dg.DefaultSensorStatus.STOPPED,
+        "deployment_pointer_sensor": dg.DefaultSensorStatus.RUNNING,
+    }
+    readiness = defs.resolve_job_def("rollback_readiness")
+    assert {node.name for node in readiness.graph.node_defs} == {"production_deployment_rollback_target_ready"}
+    # A gate run checks the rollback target it leaves behind.
+    deploy = defs.resolve_job_def("deploy")
+    assert {node.name for node in deploy.graph.node_defs} == {
+        "production_deployment",
+        "production_deployment_rollback_target_ready",
+    }
 
 
 def test_resource_defaults_follow_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ import yaml
 from aieng_core.config import ConfigError, load_config
 from aieng_core.deploy.deployments import Deployments
 from aieng_core.gate import DRILL_POINTER, read_report
-from aieng_core.gate.report import step_headline
+from aieng_core.gate.report import STEPS, step_headline
 from orchestration.assets.benchmark import benchmark_report
 from orchestration.assets.data import clean_documents, raw_documents
 from orchestration.assets.dataset import dataset_manifest
@@ -67,8 +67,9 @@ def write_config(folder: Path, name: str, **sections: dict[str, Any]) -> Path:
     return path
 
 
-def evaluate(instance: dg.DagsterInstance, cursor: str | None) -> tuple[list[dg.RunRequest], str | None]:
-    data = serving_bundle_sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=cursor))
+def evaluate(instance: dg.DagsterInstance, cursor: str | None, home: Path) -> tuple[list[dg.RunRequest], str | None]:
+    context = dg.build_sensor_context(instance=instance, cursor=cursor, resources=aieng(home))
+    data = serving_bundle_sensor.evaluate_tick(context)
     return list(data.run_requests or []), data.cursor
 
 
@@ -108,13 +109,13 @@ def chain(serving_bundle_artifact, tmp_path_factory: pytest.TempPathFactory) -> 
         gated = materialize([serving_bundle, production_deployment])
         again = materialize([production_deployment])
         bundle_a = Deployments(home).current()["bundle_id"]
-        first_tick = evaluate(instance, None)
-        quiet_tick = evaluate(instance, first_tick[1])
-        reset_tick = evaluate(instance, None)
+        first_tick = evaluate(instance, None, home)
+        quiet_tick = evaluate(instance, first_tick[1], home)
+        reset_tick = evaluate(instance, None, home)
         materialize([serving_bundle])  # the same bundle again (reused): same run key
-        reused_tick = evaluate(instance, quiet_tick[1])
+        reused_tick = evaluate(instance, quiet_tick[1], home)
         materialize([serving_bundle], other)  # another bundle: another run key
-        second_tick = evaluate(instance, reused_tick[1])
+        second_tick = evaluate(instance, reused_tick[1], home)
         bundle_b = second_tick[0][0].run_key if second_tick[0] else ""
         production_before_refusal = Deployments(home).status()
         refused = materialize([production_deployment], impossible, raise_on_error=False)
@@ -151,7 +152,7 @@ def test_the_gate_promotes_the_current_bundle(chain: Chain, serving_bundle_artif
     assert (values["sequence"], values["previous_bundle_id"], values["production_before"]) == (1, "none", "none")
     assert values["history_event"] == {k: v for k, v in event.items() if k != "figures"}
     assert materialization.tags["dagster/data_version"] == f"{chain.bundle_a}:1"
-    steps_run = ("verify", "warmup", "compare", "stress", "drill")
+    steps_run = tuple(name for name in STEPS if name != "promote")  # the gate's steps, in order
     assert values["figures"] == {name: event["figures"][name] for name in steps_run} | {
         "promote": values["figures"]["promote"]
     }

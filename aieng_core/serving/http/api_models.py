@@ -322,6 +322,14 @@ class LiveStatus(_Response):
     status: Literal["live"]
 
 
+class DeploymentMismatch(_Response):
+    """The pointer names a bundle this server refused; it keeps serving another (or none)."""
+
+    pointer_bundle: str | None
+    served_bundle: str | None
+    reason: str | None
+
+
 class DeploymentInfo(_Response):
     """The deployment pointer a server follows (`aieng serve --deployment current`)."""
 
@@ -329,6 +337,7 @@ class DeploymentInfo(_Response):
     bundle_id: str | None
     sequence: int
     refused: bool
+    mismatch: DeploymentMismatch | None
 
 
 class ReadyStatus(_Response):
@@ -339,6 +348,7 @@ class ReadyStatus(_Response):
 
 class VersionInfo(_Response):
     bundle_id: str
+    data_version: str
     bundle_path: str
     deployment: DeploymentInfo | None
     code_version: str | None

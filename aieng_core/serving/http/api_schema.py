@@ -6,6 +6,7 @@
 - Bounds that depend on the server's config: max_new_tokens / max_tokens at most
   max_context - 1 (a prompt takes at least one token; the engine refuses the rest with 400).
 - The admin API: its request body and its bearer token.
+- The headers every response carries: X-Request-ID, X-Aieng-Bundle-Id, X-Aieng-Data-Version.
 
 tests/e2e/test_api_schema.py holds the running server to this document with schemathesis.
 """
@@ -37,6 +38,26 @@ RETRY_AFTER: dict[str, Any] = {
         "required": True,
         "schema": {"type": "integer", "minimum": 0},
     }
+}
+# On every response (middleware.py, provenance.py).
+RESPONSE_HEADERS: dict[str, Any] = {
+    "X-Request-ID": {
+        "description": "The request's id: the client's X-Request-ID or body `request_id`, else generated.",
+        "required": True,
+        "schema": {"type": "string"},
+    },
+    "X-Aieng-Bundle-Id": {
+        "description": "The serving bundle that answered (a generation request: the one it ran on; "
+        "otherwise the one served now); `none` when no bundle is served.",
+        "required": True,
+        "schema": {"type": "string"},
+    },
+    "X-Aieng-Data-Version": {
+        "description": "The content hash of that bundle's dataset_manifest; `none` when no bundle is "
+        "served, `unknown` when the bundle's store does not hold its dataset_manifest.",
+        "required": True,
+        "schema": {"type": "string"},
+    },
 }
 # One server-sent event of a streamed completion (OpenAPI before 3.2: `schema` describes each
 # event): a chunk shaped as the whole completion (finish_reason null until the last; with
@@ -104,6 +125,8 @@ def finish_openapi(schema: dict[str, Any], max_context: int) -> dict[str, Any]:
             responses = operation.get("responses", {})
             if "HTTPValidationError" in str(responses.get("422", {})):
                 del responses["422"]
+            for response in responses.values():
+                response["headers"] = {**response.get("headers", {}), **RESPONSE_HEADERS}
     components = schema.setdefault("components", {})
     for name in FASTAPI_VALIDATION_SCHEMAS:
         components.get("schemas", {}).pop(name, None)

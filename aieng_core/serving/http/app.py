@@ -21,6 +21,7 @@ from aieng_core.serving.http.errors import ApiError, validation_error
 from aieng_core.serving.http.following import PointerTarget, follow_pointer
 from aieng_core.serving.http.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from aieng_core.serving.http.state import ServingState
+from aieng_core.store.request_log import RequestLog
 
 log = logging.getLogger("aieng.serving.http")
 
@@ -30,9 +31,12 @@ def create_app(
     config: AiengConfig,
     admin_token: str | None,
     follow: Callable[[], PointerTarget] | None = None,
+    request_log: RequestLog | None = None,
 ) -> FastAPI:
-    """Serve the bundle at `bundle_path`, or (with `follow`) whatever a deployment pointer names."""
+    """Serve the bundle at `bundle_path`, or (with `follow`) whatever a deployment pointer names;
+    with `request_log`, one record per answered request (closed when the app shuts down)."""
     state = ServingState(Path(bundle_path) if bundle_path is not None else None, config, admin_token, follow)
+    state.request_log = request_log
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

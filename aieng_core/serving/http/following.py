@@ -4,7 +4,11 @@ when a promote or rollback changes it.
 The pointer's current.json is replaced atomically by every change (store/pointers.py), so
 reading it needs no lock: a poll sees the old pointer or the new one, never a mix. The
 bundle's directory comes from the artifact store by id, not from the path written in the
-pointer, so a home that moved (or is mounted elsewhere on a replica) still resolves.
+pointer, so a home that moved (or is mounted elsewhere on a replica) still resolves; a
+bundle the store does not hold is refused as any bundle that fails to load.
+
+Each poll also reads the pointer's last rollback readiness check (deployment_watch.py): one
+small file, exported as aieng_rollback_target_ready.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aieng_core.asset_keys import SERVING_BUNDLE
+from aieng_core.serving.http.deployment_watch import RollbackReadiness, read_rollback_readiness
 from aieng_core.serving.http.state import BUNDLE_ERRORS, ServingState
 from aieng_core.store import ArtifactStore
 from aieng_core.store.pointers import PRODUCTION, Pointer
@@ -36,17 +41,21 @@ class PointerTarget:
     bundle_id: str | None  # None: nothing is deployed (never promoted, or rolled back to no bundle)
     path: Path | None
     sequence: int
+    rollback: RollbackReadiness | None = None  # the pointer's last rollback readiness check
 
 
 def read_target(home: Path, pointer: str = PRODUCTION) -> PointerTarget:
-    """The bundle the pointer names now. Raises (naming the file or the id) when the pointer
-    is unreadable or names a bundle the store does not hold."""
+    """The bundle the pointer names now (its directory in the store, which loading it finds
+    missing when the store does not hold it), with the pointer's last rollback check. Raises
+    (naming the file) when the pointer is unreadable."""
     current = Pointer(home, pointer).current()
     bundle_id = current["bundle_id"]
+    sequence = current["sequence"]
+    rollback = read_rollback_readiness(home, pointer, sequence)
     if bundle_id is None:
-        return PointerTarget(pointer, None, None, current["sequence"])
-    path = ArtifactStore(home).get(SERVING_BUNDLE, bundle_id).path
-    return PointerTarget(pointer, bundle_id, path, current["sequence"])
+        return PointerTarget(pointer, None, None, sequence, rollback)
+    path = ArtifactStore(home).artifact_dir(SERVING_BUNDLE, bundle_id)
+    return PointerTarget(pointer, bundle_id, path, sequence, rollback)
 
 
 async def follow_pointer(
@@ -73,6 +82,7 @@ async def follow_pointer(
                 log.error("cannot read the deployment pointer; still serving what was loaded: %s", exc)
             continue
         unreadable = None
+        state.rollback = target.rollback
         unchanged = state.following is not None and target.bundle_id == state.following.bundle_id
         if unchanged and (state.refused_at is None or time.monotonic() - state.refused_at < retry_s):
             continue
@@ -82,10 +92,18 @@ async def follow_pointer(
 
 async def _switch(state: ServingState, target: PointerTarget, retry_s: float) -> None:
     old_id = state.current.bundle_id if state.current is not None else None
-    state.following, state.refused_at = target, None
+    # A retry of the bundle refused keeps it refused (and the mismatch exported) until it
+    # loads: a gauge that dropped to 0 for each retry would reset the alert's `for:`.
+    before = state.following
+    retrying = state.refused_at is not None and before is not None and before.bundle_id == target.bundle_id
+    state.following = target
+    if not retrying:
+        state.refused_at, state.refusal = None, None
     if target.bundle_id is not None and target.bundle_id == old_id:
+        state.refused_at, state.refusal = None, None
         return  # rolled back to the bundle still served (after a refused one): nothing to load
     if target.path is None:
+        state.refused_at, state.refusal = None, None
         state.uninstall()
         log.warning("the %s pointer was emptied (was %s): %s", target.pointer, old_id, state.no_bundle_message())
         return
@@ -93,7 +111,7 @@ async def _switch(state: ServingState, target: PointerTarget, retry_s: float) ->
     try:
         replica, _previous = await state.reload(target.path)
     except Exception as exc:
-        state.refused_at = time.monotonic()
+        state.refused_at, state.refusal = time.monotonic(), str(exc)
         log.error(
             "the %s pointer names bundle %s, which was refused (retried in %g s); still serving %s: %s",
             target.pointer,
@@ -104,6 +122,7 @@ async def _switch(state: ServingState, target: PointerTarget, retry_s: float) ->
             exc_info=not isinstance(exc, BUNDLE_ERRORS),
         )
         return
+    state.refused_at, state.refusal = None, None
     log.info(
         "following the %s pointer: now serving %s (was %s)",
         target.pointer,

@@ -31,6 +31,7 @@ from aieng_core.serving.http.errors import (
 )
 from aieng_core.serving.http.logs import current_context
 from aieng_core.serving.http.metrics import RequestTracker
+from aieng_core.serving.http.provenance import Provenance, of_replica
 from aieng_core.serving.http.replica import Replica
 from aieng_core.serving.http.state import ServingState
 from aieng_core.serving.request import Request, RequestError, SamplingParams
@@ -60,6 +61,11 @@ class Generation:
         self.finals: dict[int, RequestOutput] = {}
         self.largest_batch = 0  # the most sequences a step of this request ran with
         self._released = False
+
+    @property
+    def provenance(self) -> Provenance:
+        """The bundle that answers this request (its replica's), and its data version."""
+        return of_replica(self.replica)
 
     def submit(
         self, request_id: str, prompts: Sequence[str], params: SamplingParams, rename: dict[str, str] | None = None
@@ -181,10 +187,14 @@ def begin(
 ) -> Generation:
     """Take a replica, then build the request's sampling parameters from that replica's own
     defaults (a swap may install another bundle at any moment: the defaults of the bundle that
-    answers are the ones that apply), then submit. Whatever fails gives the replica back."""
+    answers are the ones that apply), then submit. Whatever fails gives the replica back. The
+    replica taken is the one the response names (X-Aieng-Bundle-Id), whatever is served by then."""
     arrival = time.monotonic()
     replica = state.acquire()
     generation = Generation(state, replica, arrival)
+    context = current_context()
+    if context is not None:  # the response's headers and log line name the replica that answers
+        context.provenance = generation.provenance
     try:
         check_model(model, replica)
         params = checked_params(lambda: params_for(replica.defaults), rename)

@@ -44,6 +44,9 @@ class RequestContext:
     request_id: str
     # Filled in by the handler for the access log line the middleware writes at the end.
     fields: dict[str, Any] = field(default_factory=dict)
+    # (bundle id, data version) of the replica a generation request took (provenance.py);
+    # None until it took one: the response then names the bundle served now.
+    provenance: tuple[str, str] | None = None
 
 
 _current: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar("aieng_request", default=None)

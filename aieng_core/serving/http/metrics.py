@@ -69,7 +69,24 @@ METRIC_HELP: dict[str, str] = {
     "aieng_requests_rejected_total": "Generation requests refused: overloaded (429), draining (503), timeout (504).",
     "aieng_bundle_info": "The serving bundle in use (label bundle_id), always 1.",
     "aieng_ready": "1 while /health/ready answers 200 (a bundle loaded and warm, not draining), else 0.",
+    # Only from a server that follows a deployment pointer (`aieng serve --deployment current`):
+    "aieng_deployment_mismatch": "Following a pointer: 1 while the pointer names a bundle this server refused "
+    "(pointer_bundle) and it keeps serving another (served_bundle); 0 while they agree or a new one loads.",
+    "aieng_rollback_target_ready": "Following a pointer: 1 when the last rollback readiness check passed for the "
+    "pointer's current state, 0 when it failed, is stale (the pointer moved since) or its file is damaged; "
+    "no series before a first check or with nothing to roll back to.",
+    "aieng_rollback_check_stale": "Following a pointer: 1 when the last rollback readiness check ran before the "
+    "pointer's last change (it checked another rollback target), else 0; no series before a first check.",
+    "aieng_rollback_check_age_seconds": "Following a pointer: seconds since the last rollback readiness check ran; "
+    "no series before a first check.",
 }
+# The series only a server following a deployment pointer exports.
+POINTER_METRICS = (
+    "aieng_deployment_mismatch",
+    "aieng_rollback_target_ready",
+    "aieng_rollback_check_stale",
+    "aieng_rollback_check_age_seconds",
+)
 
 REJECT_REASONS = ("overloaded", "draining", "not_ready", "timeout")
 
@@ -147,12 +164,48 @@ class ServingMetrics:
         self.rss = Gauge("aieng_process_resident_memory_bytes", h["aieng_process_resident_memory_bytes"], registry=r)
         self.rss.set_function(_rss_bytes)
         self.bundle_info = Gauge("aieng_bundle_info", h["aieng_bundle_info"], ["bundle_id"], registry=r)
+        # What a server following a pointer says of it (set_deployment, set_rollback).
+        self.mismatch = Gauge(
+            "aieng_deployment_mismatch", h["aieng_deployment_mismatch"],
+            ["pointer", "pointer_bundle", "served_bundle"], registry=r,
+        )  # fmt: skip
+        self.rollback_ready = Gauge(
+            "aieng_rollback_target_ready", h["aieng_rollback_target_ready"], ["pointer", "bundle_id"], registry=r
+        )
+        self.rollback_stale = Gauge(
+            "aieng_rollback_check_stale", h["aieng_rollback_check_stale"], ["pointer"], registry=r
+        )
+        self.rollback_age = Gauge(
+            "aieng_rollback_check_age_seconds", h["aieng_rollback_check_age_seconds"], ["pointer"], registry=r
+        )
 
     def set_bundle(self, bundle_id: str | None) -> None:
         """The bundle served now (None: none, after a deployment pointer was emptied)."""
         self.bundle_info.clear()
         if bundle_id is not None:
             self.bundle_info.labels(bundle_id=bundle_id).set(1)
+
+    def set_deployment(self, pointer: str, pointer_bundle: str, served_bundle: str, mismatch: bool) -> None:
+        """One series for the pointer followed: 1 on a refused bundle, else 0 (an alert on
+        `== 1` resolves when it goes to 0, never on a series that vanished)."""
+        self.mismatch.clear()
+        self.mismatch.labels(pointer=pointer, pointer_bundle=pointer_bundle, served_bundle=served_bundle).set(
+            1 if mismatch else 0
+        )
+
+    def set_rollback(self, pointer: str, readiness: Any, now: float) -> None:
+        """The last rollback readiness check of `pointer` (a deployment_watch.RollbackReadiness,
+        or None before a first check: no series)."""
+        self.rollback_ready.clear()
+        self.rollback_stale.clear()
+        self.rollback_age.clear()
+        if readiness is None:
+            return
+        if readiness.ready is not None:
+            self.rollback_ready.labels(pointer=pointer, bundle_id=readiness.bundle_id).set(1 if readiness.ready else 0)
+        if readiness.checked_at is not None:
+            self.rollback_stale.labels(pointer=pointer).set(1 if readiness.stale else 0)
+            self.rollback_age.labels(pointer=pointer).set(readiness.age_seconds(now))
 
     def observe_engine(self, stats: Any) -> None:
         """Copy an EngineStats snapshot (num_running, num_waiting, free_slots, max_batch,

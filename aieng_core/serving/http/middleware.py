@@ -1,9 +1,11 @@
 """The ASGI middleware of the HTTP app, outermost first.
 
 RequestContextMiddleware binds the request id (X-Request-ID, else generated) for every log
-line of the request, echoes it in the response header, counts the response by endpoint and
-status, writes one access log line, and turns an exception that escaped a handler into a 500
-naming only the request id.
+line of the request, echoes it in the response header beside X-Aieng-Bundle-Id and
+X-Aieng-Data-Version (provenance.py: on every response, errors and streams included), counts
+the response by endpoint and status, writes one access log line and one request log record
+(store/request_log.py; health probes and /metrics scrapes are in neither), and turns an
+exception that escaped a handler into a 500 naming only the request id.
 
 BodyLimitMiddleware: a client may not make the server read, let alone hold, more than
 `max_bytes` of body:
@@ -21,6 +23,7 @@ inside RequestContextMiddleware, so a 413 is logged and counted too.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import re
@@ -35,6 +38,8 @@ from aieng_core.serving.http.api_models import REQUEST_ID_PATTERN, error_body
 from aieng_core.serving.http.errors import ApiError
 from aieng_core.serving.http.logs import bind_request, current_context, unbind_request
 from aieng_core.serving.http.metrics import ENDPOINTS
+from aieng_core.serving.http.provenance import Provenance, served_now
+from aieng_core.serving.http.provenance import headers as provenance_headers
 from aieng_core.serving.http.state import ServingState
 
 log = logging.getLogger("aieng.serving.http")
@@ -42,11 +47,15 @@ log = logging.getLogger("aieng.serving.http")
 _REQUEST_ID_RE = re.compile(REQUEST_ID_PATTERN)
 
 
+# What an access log line's fields may add to a request log record.
+RECORD_FIELDS = ("finish_reason", "prompt_tokens", "completion_tokens", "error")
+
+
 class RequestContextMiddleware:
     """Binds the request id (X-Request-ID, else generated) for every log line of the request,
-    echoes it in the response header, counts the response by endpoint and status, writes one
-    access log line, and turns an exception that escaped a handler into a 500 naming only the
-    request id."""
+    echoes it in the response header with the bundle id and data version, counts the response
+    by endpoint and status, writes one access log line and one request log record, and turns
+    an exception that escaped a handler into a 500 naming only the request id."""
 
     def __init__(self, app: ASGIApp, state: ServingState) -> None:
         self.app = app
@@ -57,6 +66,7 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send)
             return
         started = time.monotonic()
+        arrived = time.time()
         given = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"x-request-id"), None)
         valid = given is None or bool(_REQUEST_ID_RE.match(given))
         request_id = given if given is not None and valid else uuid.uuid4().hex
@@ -64,12 +74,17 @@ class RequestContextMiddleware:
         path = scope.get("path", "")
         endpoint = path if path in ENDPOINTS else "other"
         status = {"code": 500, "started": False}
+        named: list[Provenance] = []  # what the response's headers said
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status["code"], status["started"] = message["status"], True
-                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"]
+                provenance = context.provenance or served_now(self.state)
+                named.append(provenance)
+                ours = (b"x-request-id", b"x-aieng-bundle-id", b"x-aieng-data-version")
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() not in ours]
                 headers.append((b"x-request-id", context.request_id.encode("latin-1")))
+                headers += provenance_headers(provenance)
                 message = {**message, "headers": headers}
             await send(message)
 
@@ -92,7 +107,9 @@ class RequestContextMiddleware:
                 await error.response()(scope, receive, send_with_id)
         finally:
             self.state.metrics.count_http(endpoint, int(status["code"]))
+            # Probes and scrapes (many a minute) are kept out of the access and request logs.
             if endpoint != "/metrics" and not endpoint.startswith("/health"):
+                latency_ms = round((time.monotonic() - started) * 1000, 3)
                 log.info(
                     "%s %s %s",
                     scope.get("method"),
@@ -102,11 +119,46 @@ class RequestContextMiddleware:
                         "method": scope.get("method"),
                         "path": path,
                         "status": status["code"],
-                        "latency_ms": round((time.monotonic() - started) * 1000, 3),
+                        "latency_ms": latency_ms,
                         **context.fields,
                     },
                 )
+                provenance = named[0] if named else context.provenance or served_now(self.state)
+                self.record(
+                    arrived, context.request_id, scope, int(status["code"]), provenance, latency_ms, context.fields
+                )
             unbind_request(token)
+
+    def record(
+        self,
+        arrived: float,
+        request_id: str,
+        scope: Scope,
+        status: int,
+        provenance: Provenance,
+        latency_ms: float,
+        fields: dict[str, Any],
+    ) -> None:
+        """One line of the request log, if the server keeps one; a failed write is logged
+        (the answer has been given: it is not failed for its log line)."""
+        request_log = self.state.request_log
+        if request_log is None:
+            return
+        record: dict[str, Any] = {
+            "time": dt.datetime.fromtimestamp(arrived, tz=dt.UTC).isoformat(timespec="milliseconds"),
+            "request_id": request_id,
+            "method": scope.get("method"),
+            "path": scope.get("path", ""),
+            "status": status,
+            "bundle_id": provenance[0],
+            "data_version": provenance[1],
+            "latency_ms": latency_ms,
+            **{name: fields[name] for name in RECORD_FIELDS if name in fields},
+        }
+        try:
+            request_log.append(record)
+        except (OSError, ValueError) as exc:
+            log.error("cannot write the request log %s: %s", request_log.path, exc)
 
 
 SETTING = "serving.max_request_bytes"

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 from aieng_core.config import AiengConfig
 from aieng_core.serving.device import resolve_device
 from aieng_core.serving.http.api_models import RequestDefaults
+from aieng_core.store.lineage import bundle_data_version, bundle_store
+from aieng_core.store.request_log import UNKNOWN_DATA_VERSION
 
 if TYPE_CHECKING:  # torch: imported by open_replica, off the event loop, never to start the server
     from aieng_core.bundle.verify import LoadedBundle
@@ -32,6 +34,10 @@ class Replica:
     loop: EngineLoop
     defaults: RequestDefaults  # what a request leaves out is taken from here: the bundle's own
     warmup: dict[str, Any]
+    # The content hash of the bundle's dataset_manifest (X-Aieng-Data-Version), read from the
+    # store holding the bundle; "unknown" for a bundle outside a store, or one whose store
+    # lost that manifest.
+    data_version: str = UNKNOWN_DATA_VERSION
     loaded_at: float = field(default_factory=time.time)
     active: int = 0  # HTTP requests holding this replica
     retired: bool = False  # another replica serves new requests; stop once `active` is 0
@@ -59,5 +65,6 @@ def open_replica(bundle_path: Path, config: AiengConfig, on_step: OnStep) -> Rep
     engine = bundle.make_engine(max_waiting=serving.max_waiting)
     warmup = engine.prepare_to_serve(serving.warmup_prompt_lengths)
     defaults = RequestDefaults.of_bundle(bundle.serving)
+    data_version = bundle_data_version(bundle_store(bundle_path), bundle.manifest) or UNKNOWN_DATA_VERSION
     loop = EngineLoop(engine, on_step=on_step).start()
-    return Replica(bundle=bundle, loop=loop, defaults=defaults, warmup=warmup)
+    return Replica(bundle=bundle, loop=loop, defaults=defaults, warmup=warmup, data_version=data_version)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import time
 from typing import Any
 
 from fastapi import APIRouter, Depends
@@ -34,7 +35,9 @@ async def ready(state: ServingState = Depends(serving_state)) -> Any:
     if refusal is not None:
         raise refusal
     assert state.current is not None
-    if state.following is not None:  # what the pointer names, which may differ while a swap loads
+    # What the pointer names, which may differ while a swap loads, and after a refusal (the
+    # mismatch: still 200, since the bundle served answers; deployment.mismatch says so).
+    if state.following is not None:
         return {"status": "ready", "bundle_id": state.current.bundle_id, "deployment": state.deployment_info()}
     return {"status": "ready", "bundle_id": state.current.bundle_id}
 
@@ -47,6 +50,7 @@ async def version(state: ServingState = Depends(serving_state)) -> Any:
     manifest = replica.bundle.manifest
     return {
         "bundle_id": replica.bundle_id,
+        "data_version": replica.data_version,
         "bundle_path": str(replica.bundle.path),
         "deployment": state.deployment_info(),
         "code_version": manifest.get("code_version"),
@@ -62,4 +66,5 @@ async def version(state: ServingState = Depends(serving_state)) -> Any:
 async def metrics(state: ServingState = Depends(serving_state)) -> Response:
     if state.current is not None:
         state.metrics.observe_engine(state.current.loop.stats())
+    state.observe_deployment(time.time())
     return Response(state.metrics.render(), media_type=state.metrics.content_type)

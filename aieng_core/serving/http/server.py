@@ -23,6 +23,7 @@ import uvicorn
 from aieng_core.config import AiengConfig
 from aieng_core.serving.http.logs import configure_logging
 from aieng_core.store.pointers import PRODUCTION
+from aieng_core.store.request_log import RequestLog
 
 log = logging.getLogger("aieng.serving.server")
 
@@ -71,6 +72,21 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
+def open_request_log(path: Path | None, given: bool) -> RequestLog | None:
+    """The request log at `path` (None: none). A file that cannot be opened is a ValueError
+    naming it when the operator asked for it; the default one is warned about, not fatal."""
+    if path is None:
+        return None
+    try:
+        return RequestLog(path)
+    except OSError as exc:
+        message = f"cannot open the request log {path}: {exc.strerror or exc}"
+        if given:
+            raise ValueError(f"--request-log: {message}") from None
+        log.warning("%s; serving without a request log (--request-log PATH sets another file)", message)
+        return None
+
+
 def run_server(
     bundle_path: Path | None,
     host: str,
@@ -79,12 +95,18 @@ def run_server(
     log_level: str = "info",
     follow_home: Path | None = None,
     pointer: str = PRODUCTION,
+    request_log: Path | None = None,
+    request_log_given: bool = False,
 ) -> int:
     """Serve the bundle (or follow `pointer` under `follow_home`) until drained; 0 after a
-    clean drain, 1 when the bundle cannot be served."""
+    clean drain, 1 when the bundle cannot be served. With `request_log`, one JSON record per
+    answered request is appended to that file (store/request_log.py); a log file that cannot
+    be opened stops the server when it was asked for (`request_log_given`), and is only
+    warned about when it is the default."""
     from aieng_core.serving.http.app import create_app
 
     configure_logging(log_level)
+    requests = open_request_log(request_log, request_log_given)
     if config.serving.threads:
         import torch
 
@@ -96,15 +118,18 @@ def run_server(
 
         home = Path(follow_home)
         follow = functools.partial(read_target, home, pointer)
-    app = create_app(Path(bundle_path) if bundle_path is not None else None, config, admin_token, follow)
+    app = create_app(
+        Path(bundle_path) if bundle_path is not None else None, config, admin_token, follow, request_log=requests
+    )
     state = app.state.serving
     serving_what = str(bundle_path) if bundle_path is not None else f"the {pointer} deployment under {follow_home}"
     log.info(
-        "serving %s on http://%s:%d (admin API %s)",
+        "serving %s on http://%s:%d (admin API %s; request log %s)",
         serving_what,
         host,
         port,
         "enabled" if admin_token else f"disabled: {ADMIN_TOKEN_ENV} is not set",
+        requests.path if requests is not None else "off",
         extra={"bundle_path": serving_what, "host": host, "port": port},
     )
     uv_config = uvicorn.Config(

@@ -10,6 +10,11 @@ whose loop is stopped once the last of them lets go.
 
 Why the server cannot take a request is decided in one place, `unavailable()`: readiness
 answers with it, and so does every generation request refused for it, so the two always agree.
+
+Following a pointer, what the pointer names and what is served may differ: while a new
+bundle loads (seconds), and when the server refused the bundle the pointer names (it keeps
+serving the one it had: dropping traffic would be worse). The second is a mismatch
+(`mismatch()`): /health/ready and /version carry it, and so does aieng_deployment_mismatch.
 """
 
 from __future__ import annotations
@@ -30,10 +35,13 @@ from aieng_core.serving.http.errors import ApiError, unavailable
 from aieng_core.serving.http.metrics import ServingMetrics
 from aieng_core.serving.http.replica import Replica, open_replica
 from aieng_core.store import ArtifactIntegrityError
+from aieng_core.store.request_log import NO_BUNDLE
 
 if TYPE_CHECKING:
     from aieng_core.serving.engine import EngineStats, StepStats
+    from aieng_core.serving.http.deployment_watch import RollbackReadiness
     from aieng_core.serving.http.following import PointerTarget
+    from aieng_core.store.request_log import RequestLog
 
 log = logging.getLogger("aieng.serving.http")
 
@@ -58,6 +66,9 @@ class ServingState:
         self.follow = follow
         self.following: PointerTarget | None = None  # the target last acted on (loaded, emptied or refused)
         self.refused_at: float | None = None  # when `following` was refused (it is retried later)
+        self.refusal: str | None = None  # why it was refused
+        self.rollback: RollbackReadiness | None = None  # the pointer's last rollback check, read on each poll
+        self.request_log: RequestLog | None = None  # one record per answered request (middleware.py)
         self.config = config
         self.admin_token = admin_token or None
         self.metrics = ServingMetrics()
@@ -112,7 +123,34 @@ class ServingState:
             "bundle_id": following.bundle_id,
             "sequence": following.sequence,
             "refused": self.refused_at is not None,
+            "mismatch": self.mismatch(),
         }
+
+    def mismatch(self) -> dict[str, Any] | None:
+        """`{pointer_bundle, served_bundle, reason}` while the pointer names a bundle this
+        server refused and it serves another (or none); None while they agree or one loads."""
+        following = self.following
+        if following is None or self.refused_at is None:
+            return None
+        served = self.current.bundle_id if self.current is not None else None
+        if following.bundle_id == served:
+            return None
+        return {"pointer_bundle": following.bundle_id, "served_bundle": served, "reason": self.refusal}
+
+    def observe_deployment(self, now: float) -> None:
+        """Copy the pointer followed (mismatch, rollback readiness) into the gauges; called
+        on every scrape. A server serving a bundle path exports none of them."""
+        following = self.following
+        if following is None:
+            return
+        served = self.current.bundle_id if self.current is not None else None
+        self.metrics.set_deployment(
+            following.pointer,
+            following.bundle_id or NO_BUNDLE,
+            served or NO_BUNDLE,
+            self.mismatch() is not None,
+        )
+        self.metrics.set_rollback(following.pointer, self.rollback, now)
 
     def begin_drain(self) -> None:
         if not self.draining:
@@ -131,6 +169,7 @@ class ServingState:
         try:
             if self.follow is not None:
                 self.following = await asyncio.to_thread(self.follow)
+                self.rollback = self.following.rollback
                 self.bundle_path = self.following.path
                 if self.bundle_path is None:
                     # Import the engine now (torch and the model code take seconds), so the
@@ -203,6 +242,8 @@ class ServingState:
             log.info("stopped the engine of retired bundle %s", replica.bundle_id)
 
     async def shutdown(self) -> None:
+        if self.request_log is not None:
+            self.request_log.close()
         for replica in list(self._replicas):
             await asyncio.to_thread(replica.loop.stop, 10.0)
         self._replicas.clear()

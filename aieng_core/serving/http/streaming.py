@@ -4,6 +4,11 @@ The stream is answered only once the first output exists, so that a full queue, 
 passed in the queue or a client gone early still get their status codes; after that, an
 error (the deadline passing mid-stream, the engine failing) is an error event, then the
 stream ends with `data: [DONE]` as OpenAI's does.
+
+The last data event before `data: [DONE]` (the last chunk, the usage chunk with
+include_usage, or the error event) also carries `"aieng": {"bundle_id", "data_version"}`
+(provenance.py): what answered, for a client that reads the stream but not its headers. The
+openai client keeps unknown fields of a chunk, so it reads such a stream as any other.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 
 from aieng_core.serving.http.errors import ApiError, ClientGone, unfinished_error
 from aieng_core.serving.http.generation import Generation, unless_disconnected, usage, wait_for_disconnect
+from aieng_core.serving.http.provenance import stream_field
 
 DONE = "data: [DONE]\n\n"
 
@@ -92,25 +98,29 @@ async def stream_completion(
             payload["usage"] = None
         return payload
 
+    named = stream_field(generation.provenance)
+
     async def events() -> AsyncIterator[str]:
         index, output = first
         while True:
             failure = unfinished_error([output], request_id)
             if failure is not None:
-                yield sse(failure.body())
+                yield sse({**failure.body(), **named})
                 break
             if output.new_text or output.finished:
-                yield sse(chunk(index, output.new_text, output.finish_reason if output.finished else None))
+                payload = chunk(index, output.new_text, output.finish_reason if output.finished else None)
+                last = generation.done and not include_usage
+                yield sse({**payload, **named} if last else payload)
             if generation.done:
                 outputs = generation.outputs()
                 generation.record(outputs)
                 if include_usage:
-                    yield sse({**chunk(0, "", None), "choices": [], "usage": usage(outputs).model_dump()})
+                    yield sse({**chunk(0, "", None), "choices": [], "usage": usage(outputs).model_dump(), **named})
                 break
             try:
                 index, output = await generation.next()
             except ApiError as exc:  # the deadline passed mid-stream: say so, then end the stream
-                yield sse(exc.body())
+                yield sse({**exc.body(), **named})
                 break
         yield DONE
 

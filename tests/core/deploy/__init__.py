@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aieng_core.asset_keys import DATASET_MANIFEST
 from aieng_core.bundle.serving_bundle import KIND, build_serving_bundle
 from aieng_core.store import Artifact, ArtifactStore
 from tests.bundle_fixtures import BundledHome
@@ -45,15 +46,20 @@ def build_bundle_pair(root: Path, bundled: BundledHome) -> BundlePair:
 
 
 def home_with_bundles(home: Path, pair: BundlePair) -> Path:
-    """A fresh $AIENG_HOME whose store holds copies of bundles A and B (and nothing else)."""
+    """A fresh $AIENG_HOME whose store holds copies of bundles A and B and the dataset their
+    model was trained on (the gate's quality step reads its held-out documents)."""
     store = ArtifactStore(home)
     for bundle in (pair.a, pair.b):
         shutil.copytree(bundle.path, store.artifact_dir(KIND, bundle.id))
+        dataset = pair.store.get(DATASET_MANIFEST, bundle.manifest["lineage"][DATASET_MANIFEST])
+        if not store.artifact_dir(DATASET_MANIFEST, dataset.id).exists():
+            shutil.copytree(dataset.path, store.artifact_dir(DATASET_MANIFEST, dataset.id))
     return home
 
 
 def replay(events: list[dict[str, Any]]) -> tuple[str | None, list[str]]:
-    """(current, stack) after the events, each checked to start where the one before ended."""
+    """(current, stack) after the events, each checked to start where the one before ended
+    (a rollback pops the withdrawn bundles it passed over, then its target)."""
     current: str | None = None
     stack: list[str] = []
     for event in events:
@@ -62,6 +68,8 @@ def replay(events: list[dict[str, Any]]) -> tuple[str | None, list[str]]:
             if current is not None:
                 stack.append(current)
         else:
+            for skipped in event.get("skipped_withdrawn", []):  # withdrawn bundles passed over
+                assert stack.pop() == skipped, event
             assert event["to"] == (stack.pop() if stack else None), event
         current = event["to"]
     return current, stack

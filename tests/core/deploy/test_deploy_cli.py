@@ -17,7 +17,7 @@ from tests.bundle_fixtures import BundledHome
 from tests.conftest import TINY_CONFIG
 from tests.core.deploy import BundlePair, build_bundle_pair, home_with_bundles
 
-STATUS_KEYS = ["current", "history", "pointer", "previous", "sequence", "stack", "torn_tail", "unapplied"]
+STATUS_KEYS = ["current", "history", "pointer", "previous", "sequence", "stack", "torn_tail", "unapplied", "withdrawn"]
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +60,7 @@ def test_status_json_when_nothing_is_deployed(capsys: pytest.CaptureFixture[str]
         "current": None,
         "previous": None,
         "stack": [],
+        "withdrawn": [],
         "history": [],
         "unapplied": [],
         "torn_tail": None,
@@ -98,6 +99,15 @@ def test_promote_promote_rollback_json(capsys: pytest.CaptureFixture[str], deplo
         "reason": "latency regression",
     }
     assert (back["current"]["bundle_id"], back["previous"], back["stack"]) == (pair.a.id, None, [])
+    assert back["withdrawn"] == [
+        {
+            "bundle_id": pair.b.id,
+            "sequence": 3,
+            "time": back["event"]["time"],
+            "actor": back["event"]["actor"],
+            "reason": "latency regression",
+        }
+    ]
     assert [(e["sequence"], e["action"], e["to"]) for e in back["history"]] == [
         (1, "promote", pair.a.id),
         (2, "promote", pair.b.id),
@@ -127,6 +137,8 @@ def test_human_status_shows_current_previous_and_history(
         f"  current:  {pair.b.id} since {second['time']}\n"
         f"            {deploy_home / 'artifacts' / KIND / pair.b.id}\n"
         f"  previous: {pair.a.id} (a rollback makes it current again)\n"
+        "            files: ok\n"
+        "            readiness check: never run (`aieng deploy check-rollback` runs it)\n"
         "history: 2 changes\n"
         f"  #1    {first['time']}  promote  (none) -> {pair.a.id}  by ann@host: first\n"
         f"  #2    {second['time']}  promote  {pair.a.id} -> {pair.b.id}  by bob@host\n"
@@ -139,13 +151,17 @@ def test_human_status_shows_the_last_ten_changes(
     deployments = Deployments(deploy_home)
     deployments.promote(pair.a.id, actor="tester", verify=False)
     for _ in range(6):
-        deployments.promote(pair.b.id, actor="tester", verify=False)
-        deployments.rollback(actor="tester")
+        deployments.promote(pair.b.id, actor="tester", verify=False, allow_withdrawn=True)
+        deployments.rollback(actor="tester", verify=False)
     code, out, _ = run(capsys, "--home", str(deploy_home), "deploy", "status")
     lines = out.splitlines()
     assert code == 0
-    assert lines[4] == "history: 13 changes, the last 10 shown"
-    assert [line.split()[0] for line in lines[5:]] == [f"#{n}" for n in range(4, 14)]
+    assert lines[4:6] == [
+        "withdrawn (a promote refuses them unless --allow-withdrawn):",
+        f"  {pair.b.id} by the rollback #13 at {deployments.history()[-1]['time']} by tester",
+    ]
+    assert lines[6] == "history: 13 changes, the last 10 shown"
+    assert [line.split()[0] for line in lines[7:]] == [f"#{n}" for n in range(4, 14)]
 
 
 def test_human_promote_and_rollback(capsys: pytest.CaptureFixture[str], deploy_home: Path, pair: BundlePair) -> None:

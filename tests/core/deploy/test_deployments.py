@@ -44,8 +44,15 @@ def without_time(event: dict[str, Any]) -> dict[str, Any]:
 
 
 def event(sequence: int, action: str, source: str | None, target: str | None, **fields: Any) -> dict[str, Any]:
-    """An expected history event, without its time."""
-    return {
+    """An expected history event, without its time: a rollback withdraws its `from`."""
+    if action == "promote":
+        withdrawal = {
+            "allow_withdrawn": fields.pop("allow_withdrawn", False),
+            "overrode_withdrawal": fields.pop("overrode_withdrawal", None),
+        }
+    else:
+        withdrawal = {"withdrawn": source, "skipped_withdrawn": fields.pop("skipped_withdrawn", [])}
+    expected = {
         "sequence": sequence,
         "pointer": fields.pop("pointer", "production"),
         "action": action,
@@ -55,7 +62,10 @@ def event(sequence: int, action: str, source: str | None, target: str | None, **
         "reason": fields.pop("reason", ""),
         "figures": fields.pop("figures", {}),
         "dagster_run_id": fields.pop("dagster_run_id", None),
+        **withdrawal,
     }
+    assert not fields, fields
+    return expected
 
 
 def snapshot(directory: Path) -> dict[str, bytes]:
@@ -89,10 +99,12 @@ def test_nothing_deployed_yet(deploy_home: Path) -> None:
         "current": None,
         "previous": None,
         "stack": [],
+        "withdrawn": [],
         "history": [],
         "unapplied": [],
         "torn_tail": None,
     }
+    assert deployments.withdrawn() == {} and deployments.rollback_target() is None
     assert not (deploy_home / "deployments").exists()  # reading creates nothing
 
 
@@ -137,6 +149,7 @@ def test_first_promote_verifies_records_and_switches(deploy_home: Path, pair: Bu
         },
         "previous": None,
         "stack": [],
+        "withdrawn": [],
         "history": [recorded],
         "unapplied": [],
         "torn_tail": None,
@@ -154,7 +167,10 @@ def test_promote_b_then_rollback_returns_to_a(deploy_home: Path, pair: BundlePai
         "bundle_id": pair.a.id,
         "bundle_path": str(deploy_home / "artifacts" / KIND / pair.a.id),
         "in_store": True,
+        "integrity": "ok",
+        "rollback_check": None,
     }
+    assert deployments.rollback_target() == pair.a.id
 
     back = deployments.rollback(actor="tester", reason="regression", figures={"p95_ms": 80})
     assert [without_time(e) for e in deployments.history()] == [
@@ -170,15 +186,33 @@ def test_promote_b_then_rollback_returns_to_a(deploy_home: Path, pair: BundlePai
     assert deployments.status()["previous"] is None
 
 
-def test_the_stack_remembers_every_earlier_bundle(deploy_home: Path, pair: BundlePair) -> None:
+def test_the_stack_remembers_every_earlier_bundle_and_a_rollback_passes_over_withdrawn_ones(
+    deploy_home: Path, pair: BundlePair
+) -> None:
     deployments = Deployments(deploy_home)
     for bundle in (pair.a, pair.b, pair.a, pair.b):
         deployments.promote(bundle.id, actor="tester", verify=False)
     assert deployments.current()["stack"] == [pair.a.id, pair.b.id, pair.a.id]
-    assert [deployments.rollback(actor="tester")["to"] for _ in range(3)] == [pair.a.id, pair.b.id, pair.a.id]
+    first = deployments.rollback(actor="tester", verify=False)
+    assert without_time(first) == event(5, "rollback", pair.b.id, pair.a.id)
+    assert deployments.current()["stack"] == [pair.a.id, pair.b.id]
+    # B is withdrawn and A is the one a rollback now leaves: nothing on the stack may be landed on.
+    assert deployments.rollback_target() is None and deployments.status()["previous"] is None
+    directory = deploy_home / "deployments" / "production"
+    before = snapshot(directory)
+    with pytest.raises(DeploymentError) as refused:
+        deployments.rollback(actor="tester")
+    assert str(refused.value) == (
+        f"nothing to roll back to: the bundles on production's stack ({pair.b.id}, {pair.a.id}) are withdrawn "
+        "or current (allow_empty / --allow-empty rolls back to no bundle at all)"
+    )
+    assert snapshot(directory) == before
+    emptied = deployments.rollback(actor="tester", allow_empty=True)
+    assert without_time(emptied) == event(6, "rollback", pair.a.id, None, skipped_withdrawn=[pair.b.id, pair.a.id])
     current = deployments.current()
-    assert (current["bundle_id"], current["sequence"], current["stack"]) == (pair.a.id, 7, [])
-    assert replay(deployments.history()) == (pair.a.id, [])
+    assert (current["bundle_id"], current["sequence"], current["stack"]) == (None, 6, [])
+    assert deployments.withdrawn() == {pair.b.id: first, pair.a.id: emptied}
+    assert replay(deployments.history()) == (None, [])
 
 
 def test_rollback_with_an_empty_stack(deploy_home: Path, pair: BundlePair) -> None:
@@ -215,9 +249,10 @@ def test_rollback_with_an_empty_stack(deploy_home: Path, pair: BundlePair) -> No
 
     with pytest.raises(DeploymentError, match="^nothing is deployed on production"):
         deployments.rollback(allow_empty=True)
-    # The drill's restore: promoting onto "no bundle" pushes nothing onto the stack.
-    again = deployments.promote(pair.a.id, actor="tester", verify=False)
-    assert without_time(again) == event(3, "promote", None, pair.a.id)
+    # The drill's restore: promoting onto "no bundle" pushes nothing onto the stack (the
+    # rollback withdrew A: promoting it again is said explicitly, and recorded).
+    again = deployments.promote(pair.a.id, actor="tester", verify=False, allow_withdrawn=True)
+    assert without_time(again) == event(3, "promote", None, pair.a.id, allow_withdrawn=True, overrode_withdrawal=2)
     assert deployments.current()["stack"] == []
 
 
@@ -225,9 +260,11 @@ def test_an_unknown_or_invalid_bundle_id_is_refused(deploy_home: Path, pair: Bun
     deployments = Deployments(deploy_home)
     with pytest.raises(DeploymentError) as unknown:
         deployments.promote("0123456789abcdef")
+    missing = deploy_home / "artifacts" / KIND / "0123456789abcdef" / MANIFEST
     assert str(unknown.value) == (
         f"cannot promote '0123456789abcdef' on production: no {KIND} '0123456789abcdef' in "
-        f"{deploy_home / 'artifacts' / KIND}; `aieng bundle build` builds one, `aieng bundle current` names the newest"
+        f"{deploy_home / 'artifacts' / KIND} ({missing} is missing); `aieng bundle build` builds one, "
+        "`aieng bundle current` names the newest"
     )
     with pytest.raises(DeploymentError, match=r"^cannot promote '\.\./x' on production: invalid bundle id '\.\./x'"):
         deployments.promote("../x")
@@ -320,7 +357,7 @@ def test_the_drill_pointer_never_touches_production(deploy_home: Path, pair: Bun
     drill = Deployments(deploy_home, pointer="drill")
     drill.promote(pair.b.id, actor="gate", verify=False)
     drill.rollback(actor="gate", allow_empty=True)
-    drill.promote(pair.b.id, actor="gate", verify=False)
+    drill.promote(pair.b.id, actor="gate", verify=False, allow_withdrawn=True)
 
     assert snapshot(production_dir) == before
     assert production.current()["bundle_id"] == pair.a.id
@@ -328,8 +365,11 @@ def test_the_drill_pointer_never_touches_production(deploy_home: Path, pair: Bun
     assert [without_time(e) for e in drill.history()] == [
         event(1, "promote", None, pair.b.id, pointer="drill", actor="gate"),
         event(2, "rollback", pair.b.id, None, pointer="drill", actor="gate"),
-        event(3, "promote", None, pair.b.id, pointer="drill", actor="gate"),
+        event(
+            3, "promote", None, pair.b.id, pointer="drill", actor="gate", allow_withdrawn=True, overrode_withdrawal=2
+        ),
     ]
+    assert production.withdrawn() == {}  # the drill's rollback withdrew B on the drill pointer only
     assert drill.current()["pointer"] == "drill"
     assert sorted(path.name for path in (deploy_home / "deployments").iterdir()) == ["drill", "production"]
     with pytest.raises(DeploymentError, match="invalid deployment pointer '../production'"):
@@ -368,10 +408,18 @@ def test_a_rollback_to_a_bundle_gone_from_the_store_is_refused(deploy_home: Path
         "bundle_id": pair.a.id,
         "bundle_path": str(deploy_home / "artifacts" / KIND / pair.a.id),
         "in_store": False,
+        "integrity": "missing",
+        "rollback_check": None,
     }
-    with pytest.raises(DeploymentError, match=f"^cannot roll production back to '{pair.a.id}': no {KIND}"):
-        deployments.rollback()
-    assert snapshot(directory) == before
+    missing = deploy_home / "artifacts" / KIND / pair.a.id / MANIFEST
+    for verify in (True, False):
+        with pytest.raises(DeploymentError) as refused:
+            deployments.rollback(verify=verify)
+        assert str(refused.value).startswith(
+            f"cannot roll production back to '{pair.a.id}': no {KIND} {pair.a.id!r} in "
+            f"{deploy_home / 'artifacts' / KIND} ({missing} is missing)"
+        )
+        assert snapshot(directory) == before
 
 
 def test_the_current_bundle_path_follows_the_home(deploy_home: Path, pair: BundlePair, tmp_path: Path) -> None:
@@ -554,9 +602,9 @@ deployments = Deployments(home)
 print("ready", flush=True)
 sys.stdin.readline()  # both processes start changing at once
 events, refused, seen = [], 0, []
-changes = (
-    lambda: deployments.promote(mine, actor=mine, verify=False),
-    lambda: deployments.rollback(actor=mine, allow_empty=True),
+changes = (  # each process takes back what the other's rollbacks withdrew: every change is a race
+    lambda: deployments.promote(mine, actor=mine, verify=False, allow_withdrawn=True),
+    lambda: deployments.rollback(actor=mine, allow_empty=True, verify=False),
 )
 for _ in range(rounds):
     for change in changes:

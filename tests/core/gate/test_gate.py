@@ -27,7 +27,7 @@ from tests.core.deploy import BundlePair, build_bundle_pair, home_with_bundles, 
 
 pytestmark = pytest.mark.e2e
 
-STEPS = ["verify", "warmup", "compare", "stress", "drill", "promote"]
+STEPS = ["verify", "quality", "warmup", "compare", "stress", "drill", "promote"]
 LEVELS = {"concurrency=1", "concurrency=4", "poisson=8"}  # configs/tiny.yaml's gate: section
 
 
@@ -55,9 +55,9 @@ def gated(pair: BundlePair, tmp_path_factory: pytest.TempPathFactory) -> Gated:
     config = load_config(TINY_CONFIG)
     first = run_gate(home, config, pair.a.id, run_id="run-a", actor="gate-test")
     status_after_first = Deployments(home).status()
-    # Regressions are tested against fixed figures below: two runs on a shared 2-CPU machine
-    # differ by more than 10% often enough to make a real comparison here a coin toss.
-    second = run_gate(home, with_gate(config, max_regression=1000.0), pair.b.id, run_id="run-b", actor="gate-test")
+    # The speed decision's error rates are measured by scripts/gate_error_rates.py (minutes of
+    # load); here B (A's model) is compared with A for real, the decision checked on its figures.
+    second = run_gate(home, config, pair.b.id, run_id="run-b", actor="gate-test")
     for report in (first, second):
         for step in report.steps:
             print(f"{report.bundle_id[:12]} {step.name}: {step.seconds:.2f} s")
@@ -77,10 +77,10 @@ def test_a_first_deployment_passes_every_step_and_promotes(gated: Gated) -> None
     assert (event["actor"], event["reason"], event["dagster_run_id"]) == ("gate-test", PROMOTE_REASON, "run-a")
     assert event == report.event
     figures = event["figures"]
-    assert set(figures) == {"verify", "warmup", "compare", "stress", "drill", "gate"}
-    assert {name: figures[name] for name in STEPS[:5]} == {s.name: s.figures for s in report.steps[:5]}
+    assert set(figures) == {*STEPS[:-1], "gate"}
+    assert {name: figures[name] for name in STEPS[:-1]} == {s.name: s.figures for s in report.steps[:-1]}
     assert figures["gate"]["report"] == report.path
-    assert figures["gate"]["step_seconds"].keys() == set(STEPS[:5])
+    assert figures["gate"]["step_seconds"].keys() == set(STEPS[:-1])
     # The report on disk is the report returned.
     assert read_report(Path(report.path)) == report.as_dict()
     assert Path(report.path).parent == reports_dir(gated.home)
@@ -99,28 +99,42 @@ def test_verify_and_warmup_figures(gated: Gated) -> None:
     assert abs(warmup["memory_budget_bytes"] - (warmup["weights_bytes"] * 1.3 + 2 * 2**30)) < 2**20
 
 
-def test_compare_measures_the_candidate_beside_what_serves(gated: Gated) -> None:
-    """Candidate versus deployed is the gate's question, measured in the same run: nothing to
-    compare on a first deployment; then B beside A at each benchmark.batch_sizes."""
+def test_quality_is_scored_on_held_out_text_beside_what_serves(gated: Gated) -> None:
+    """A first deployment has only the unigram floor; B (A's model) scores what A scores."""
+    first = gated.first.step("quality").figures
+    assert first["deployed_bundle_id"] is None and "deployed" not in first
+    assert first["note"] == "first deployment: only the unigram floor applies"
+    (text,) = first["texts"]
+    assert text["name"] == "candidate_validation" and text["documents"] > 0 and text["bytes"] > 0
+    assert 0 < first["candidate"]["bits_per_byte"] < first["unigram"]["bits_per_byte"]
+    second = gated.second.step("quality").figures
+    assert second["deployed"]["bundle_id"] == gated.pair.a.id and second["candidate"]["bundle_id"] == gated.pair.b.id
+    assert second["note"] == "both models were trained on the same dataset: one held-out text"
+    assert second["candidate"]["bits_per_byte"] == second["deployed"]["bits_per_byte"]  # one model, one text
+    assert second["candidate"]["bits_per_byte"] == first["candidate"]["bits_per_byte"]
+    assert second["worse_by"] == 0.0
+
+
+def test_compare_serves_both_bundles_interleaved_in_fresh_servers(gated: Gated) -> None:
     first = gated.first.step("compare").figures
-    assert (first["deployed_bundle_id"], first["throughput"]) == (None, [])
+    assert (first["deployed_bundle_id"], first["compared"]) == (None, False)
     assert first["note"].startswith("first deployment")
     second = gated.second.step("compare").figures
-    assert (second["deployed_bundle_id"], second["same_model"]) == (gated.pair.a.id, True)  # A, B: one model
-    assert [row["batch_size"] for row in second["throughput"]] == [1, 4]  # configs/tiny.yaml's benchmark:
-    for row in second["throughput"]:
-        for side in ("candidate", "deployed"):
-            figure = row[side]
-            assert (figure["requests"], figure["tokens"], len(figure["runs"])) == (
-                row["batch_size"],
-                row["batch_size"] * 8,
-                3,
-            )
-            assert figure["min_tokens_per_second"] <= figure["tokens_per_second"] <= figure["max_tokens_per_second"]
-        assert row["ratio_vs_deployed"] == pytest.approx(
-            row["candidate"]["tokens_per_second"] / row["deployed"]["tokens_per_second"], rel=1e-5
-        )
-    assert second["note"].startswith(f"candidate / deployed {gated.pair.a.id} tokens/s, measured now: batch 1: ")
+    assert (second["deployed_bundle_id"], second["compared"]) == (gated.pair.a.id, True)
+    # configs/tiny.yaml: 2 rounds, each with a fresh server per bundle, sent the same requests in pairs.
+    assert [(t["round"], t["side"]) for t in second["turns"]] == [
+        (1, "candidate"),
+        (1, "deployed"),
+        (2, "candidate"),
+        (2, "deployed"),
+    ]
+    assert all(t["exit_code"] == 0 and t["ready_seconds"] > 0 for t in second["turns"])
+    decision = second["decision"]
+    assert decision["requests"] == 2 * second["requests_per_turn"] == 16
+    low, high = decision["interval"]
+    assert low <= decision["ratio"] <= high and decision["limit"] == 1.10 and decision["confidence"] == 0.99
+    assert decision["regression"] is (low > 1.10) is False  # the gate passed
+    assert second["note"].startswith(f"candidate vs deployed {gated.pair.a.id}, served in this run: ")
 
 
 def test_stress_figures_at_every_level(gated: Gated) -> None:
@@ -138,8 +152,7 @@ def test_stress_figures_at_every_level(gated: Gated) -> None:
     assert stress["levels"]["concurrency=4"]["concurrency"] == 4
     assert stress["levels"]["poisson=8"]["rate_per_s"] == 8.0
     assert stress["violations"] == [] and stress["server"]["exit_code"] == 0
-    assert stress["regression"]["compared"] is False
-    assert stress["regression"]["note"].startswith("first deployment")
+    assert "regression" not in stress  # recorded figures of another run are never compared with
 
 
 def test_first_deployment_drill_rolls_back_to_no_bundle(gated: Gated) -> None:
@@ -166,15 +179,6 @@ def test_a_second_bundle_is_drilled_against_the_first_and_compared_with_it(gated
     for phase in ("promote", "rollback", "repromote"):
         assert drill[phase]["goldens"] == {"checked": 3, "matching": 3, "mismatches": []}, phase
     assert drill["traffic"]["failed_requests"] == 0 and drill["traffic"]["expected_no_deployment"] == 0
-    regression = report.step("stress").figures["regression"]
-    assert (regression["compared"], regression["baseline_bundle_id"], regression["baseline_sequence"]) == (
-        True,
-        a.id,
-        1,
-    )
-    assert {(c["level"], c["figure"]) for c in regression["checks"]} == {
-        (level, figure) for level in LEVELS for figure in ("output_throughput", "ttft_ms.p99", "e2el_ms.p99")
-    }
     status = Deployments(gated.home).status()
     assert status["current"]["bundle_id"] == b.id and status["stack"] == [a.id]
     assert [(e["sequence"], e["from"], e["to"], e["dagster_run_id"]) for e in status["history"]] == [
@@ -208,8 +212,7 @@ def test_the_drill_uses_its_own_pointer_and_never_touches_production(gated: Gate
 def test_a_gate_that_fails_at_stress_leaves_production_serving(gated: Gated) -> None:
     production, drill = Deployments(gated.home), Deployments(gated.home, DRILL_POINTER)
     before, drill_before = production.status(), drill.status()
-    # max_regression out of the way: A against B's figures may differ by more than 10% by noise alone.
-    impossible = with_gate(load_config(TINY_CONFIG), slo_ttft_p99_ms=0.001, max_regression=1000.0)
+    impossible = with_gate(load_config(TINY_CONFIG), slo_ttft_p99_ms=0.001)
     with pytest.raises(GateFailed) as failed:
         run_gate(gated.home, impossible, gated.pair.a.id, run_id="run-impossible")
     exc = failed.value
@@ -221,6 +224,7 @@ def test_a_gate_that_fails_at_stress_leaves_production_serving(gated: Gated) -> 
     assert report is not None and not report.passed
     assert [(s.name, s.passed) for s in report.steps] == [
         ("verify", True),
+        ("quality", True),
         ("warmup", True),
         ("compare", True),
         ("stress", False),
@@ -230,7 +234,7 @@ def test_a_gate_that_fails_at_stress_leaves_production_serving(gated: Gated) -> 
     assert stress["server"]["exit_code"] == 0
     on_disk = read_report(Path(report.path))
     assert on_disk["failure"]["figure"] == "concurrency=1.ttft_ms.p99" and on_disk["passed"] is False
-    assert on_disk["steps"][3]["figures"]["levels"].keys() == LEVELS
+    assert on_disk["steps"][4]["figures"]["levels"].keys() == LEVELS
     # Production and the drill pointer are exactly as they were.
     assert production.status() == before and drill.status() == drill_before
 
@@ -256,37 +260,13 @@ def test_a_tampered_bundle_fails_at_verify(pair: BundlePair, tmp_path: Path) -> 
     assert read_report(Path(exc.report.path))["failure"]["step"] == "verify"
 
 
-def test_a_regression_against_the_deployed_bundles_gate_figures_fails_the_gate(
-    pair: BundlePair, tmp_path: Path
-) -> None:
-    """Production serves A, promoted with gate figures no candidate can match: B regresses."""
-    home = home_with_bundles(tmp_path / "home", pair)
-    production = Deployments(home)
-    unbeatable = {"output_throughput": 1e9, "ttft_ms": {"p99": 1e-6}, "e2el_ms": {"p99": 1e-6}}
-    figures = {"stress": {"levels": {"concurrency=1": unbeatable, "retired-level": unbeatable}}}
-    production.promote(pair.a.id, actor="tester", reason="by hand, with figures", figures=figures, verify=False)
-    before = production.status()
-    with pytest.raises(GateFailed) as failed:
-        run_gate(home, load_config(TINY_CONFIG), pair.b.id)
-    exc = failed.value
-    assert (exc.step, exc.figure, exc.limit) == ("stress", "concurrency=1.output_throughput", 1e9)
-    assert f"lower than the deployed bundle {pair.a.id}" in exc.reason
-    regression = exc.figures["regression"]
-    assert regression["compared"] is True and regression["baseline_sequence"] == 1
-    assert {(r["level"], r["figure"]) for r in regression["regressions"]} == {
-        ("concurrency=1", "output_throughput"),
-        ("concurrency=1", "ttft_ms.p99"),
-        ("concurrency=1", "e2el_ms.p99"),
-    }
-    assert "not measured there" in regression["note"]
-    assert production.status() == before
-
-
 def test_gate_reports_keep_every_run(gated: Gated) -> None:
     names = sorted(path.name for path in reports_dir(gated.home).glob("*.json"))
     assert any(name.startswith(gated.pair.a.id) and name.endswith("-run-a.json") for name in names)
     assert any(name.startswith(gated.pair.b.id) and name.endswith("-run-b.json") for name in names)
     folder = Path(gated.first.path).with_suffix("")
     assert {p.name for p in folder.iterdir()} >= {"config.yaml", "stress-server.log", "drill-server.log"}
+    second = {p.name for p in Path(gated.second.path).with_suffix("").iterdir()}
+    assert second >= {f"compare-round{n}-{side}.log" for n in (1, 2) for side in ("candidate", "deployed")}
     assert load_config(folder / "config.yaml") == load_config(TINY_CONFIG)
     assert json.loads(Path(gated.second.path).read_text())["passed"] is True

@@ -18,6 +18,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from aieng_core.serving.http.deployment_watch import RollbackReadiness
 from aieng_core.serving.http.metrics import ENDPOINTS, GENERATION_ENDPOINTS, REJECT_REASONS, ServingMetrics
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -87,12 +88,15 @@ def parse_selectors(expr: str) -> tuple[list[Selector], set[str]]:
 
 def exposed_series() -> dict[str, set[str]]:
     """Every sample name a server's /metrics can show, with its label names: a registry that has
-    seen one of everything (a request, a rejection, a finish, a bundle), rendered and parsed."""
+    seen one of everything (a request, a rejection, a finish, a bundle, a followed pointer and
+    its rollback check), rendered and parsed."""
     metrics = ServingMetrics()
     metrics.count_http("/generate", 200)
     metrics.reject("overloaded")
     metrics.observe_finished("stop", 3, 0.1)
     metrics.set_bundle("bundle-1")
+    metrics.set_deployment("production", "bundle-2", "bundle-1", mismatch=True)
+    metrics.set_rollback("production", RollbackReadiness("production", "bundle-0", True, False, 0.0, None), now=60.0)
     names: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(metrics.render().decode()):
         for sample in family.samples:
@@ -219,7 +223,7 @@ def test_latency_thresholds_are_the_gate_slos() -> None:
 def test_every_rule_is_an_alert_an_operator_can_act_on() -> None:
     names = [rule["alert"] for _, rule in RULES]
     assert len(names) == len(set(names)), "alert names must be unique"
-    assert len(names) == 11
+    assert len(names) == 14
     for group, rule in RULES:
         where = f"{group}/{rule.get('alert')}"
         assert set(rule) == {"alert", "expr", "for", "labels", "annotations"}, where
@@ -229,3 +233,47 @@ def test_every_rule_is_an_alert_an_operator_can_act_on() -> None:
         assert set(rule["annotations"]) == {"summary", "description"}, where
         assert rule["annotations"]["description"].startswith("Check first: "), where
         assert "\n" not in rule["annotations"]["summary"] + rule["annotations"]["description"], where
+
+
+def test_the_deployment_series_are_exported_as_the_rules_read_them() -> None:
+    """Mismatch: one series per pointer, 1 or 0; readiness: no ready series before a check or
+    with nothing to roll back to, a damaged check file is a 0 for an unknown target."""
+    metrics = ServingMetrics()
+
+    def samples() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(metrics.render().decode())
+            for sample in family.samples
+            if sample.name.startswith(("aieng_deployment", "aieng_rollback"))
+        }
+
+    assert samples() == {}  # a server serving a bundle path: none of them
+    metrics.set_deployment("production", "b2", "b1", mismatch=True)
+    metrics.set_rollback("production", None, now=100.0)
+    mismatch = (("pointer", "production"), ("pointer_bundle", "b2"), ("served_bundle", "b1"))
+    assert samples() == {("aieng_deployment_mismatch", mismatch): 1.0}
+    metrics.set_deployment("production", "b2", "b2", mismatch=False)
+    metrics.set_rollback("production", RollbackReadiness("production", "b1", False, True, 40.0, "stale"), now=100.0)
+    pointer = (("pointer", "production"),)
+    assert samples() == {
+        (
+            "aieng_deployment_mismatch",
+            (("pointer", "production"), ("pointer_bundle", "b2"), ("served_bundle", "b2")),
+        ): 0,
+        ("aieng_rollback_target_ready", (("bundle_id", "b1"), *pointer)): 0.0,
+        ("aieng_rollback_check_stale", pointer): 1.0,
+        ("aieng_rollback_check_age_seconds", pointer): 60.0,
+    }
+    nothing_to_roll_back_to = RollbackReadiness("production", None, None, False, 90.0, None)
+    metrics.set_rollback("production", nothing_to_roll_back_to, now=100.0)
+    assert {name for name, _ in samples()} == {
+        "aieng_deployment_mismatch",
+        "aieng_rollback_check_stale",
+        "aieng_rollback_check_age_seconds",
+    }
+    damaged = RollbackReadiness("production", "unknown", False, False, None, "rollback-check.json: not valid JSON")
+    metrics.set_rollback("production", damaged, now=100.0)
+    assert {key: value for key, value in samples().items() if key[0].startswith("aieng_rollback")} == {
+        ("aieng_rollback_target_ready", (("bundle_id", "unknown"), *pointer)): 0.0
+    }

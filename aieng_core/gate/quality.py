@@ -1,0 +1,244 @@
+"""Gate step 2: the candidate's quality beside the deployed model's, on the same held-out text.
+
+The measure is bits per byte of UTF-8 text: the sum of a model's next-token losses over a
+text, in bits, divided by the text's length in bytes. It does not depend on the tokenizer, so
+two bundles with different vocabularies are compared on equal terms (a loss per token would
+favour the one that cuts text into more, easier tokens).
+
+The exam is both sides' held-out documents: the validation documents of the candidate's
+dataset and those of the deployed model's (each decoded from its dataset's validation token
+stream by the tokenizer that wrote it), so neither side picks its own exam. Each text is
+capped at MAX_TEXT_BYTES, whole documents in stream order. Every model scores every
+document the same way: EOS as the first context (as in the packed stream training read),
+then windows of at most its max_context tokens; the EOS ending a document is not scored
+(no byte of text stands for it).
+
+The candidate is refused when
+- its bits per byte on the pooled text is not below the unigram baseline's (token
+  frequencies of the candidate's train stream, add-one, scored on the same targets): a model
+  that has learned nothing beyond frequencies;
+- or it is worse than the deployed model's by more than `gate.max_quality_regression` (a
+  fraction: 0.02 lets it be at most 2% above).
+The figures are deterministic (no sampling): the same two models on the same text give the
+same decision every run. A first deployment has only the floor.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aieng_core.asset_keys import DATASET_MANIFEST, SERVING_BUNDLE
+from aieng_core.config import AiengConfig
+from aieng_core.gate.report import GateFailed
+from aieng_core.store import ArtifactIntegrityError, ArtifactNotFound, ArtifactStore
+
+MAX_TEXT_BYTES = 1 << 20  # per held-out text: bounds the step's time on a large dataset
+BATCH_WINDOWS = 16
+IGNORED = -100  # the target of a padding position
+LN2 = math.log(2.0)
+DEVICE = "cpu"
+
+
+@dataclass(frozen=True)
+class HeldOutText:
+    name: str  # "candidate_validation" | "deployed_validation"
+    dataset_manifest: str
+    documents: list[str]
+    bytes: int
+    truncated: bool  # documents were left out to stay within MAX_TEXT_BYTES
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "dataset_manifest": self.dataset_manifest,
+            "documents": len(self.documents),
+            "bytes": self.bytes,
+            "truncated": self.truncated,
+        }
+
+
+def dataset_of(bundle: Any) -> str:
+    """The dataset_manifest id a loaded bundle's model was trained on (its lineage summary)."""
+    lineage = bundle.manifest.get("lineage") or {}
+    dataset_id = lineage.get(DATASET_MANIFEST)
+    if not isinstance(dataset_id, str):
+        raise ValueError(f"{bundle.path / 'manifest.json'}: its lineage names no {DATASET_MANIFEST}")
+    return dataset_id
+
+
+def held_out_text(store: ArtifactStore, dataset_id: str, bundle: Any, name: str) -> HeldOutText:
+    """The validation documents of dataset `dataset_id`, decoded by `bundle`'s tokenizer (the
+    one the dataset was tokenized with), verified first (a damaged dataset raises, naming it)."""
+    import numpy as np
+
+    from aieng_core.training.corpus import open_token_streams
+
+    dataset = store.check_input(store.get(DATASET_MANIFEST, dataset_id))
+    _, validation = open_token_streams(dataset)
+    tokens = validation[0 : len(validation)]
+    ends = np.flatnonzero(tokens == bundle.eos_token_id)
+    documents: list[str] = []
+    size, begin, truncated = 0, 0, False
+    for end in [*ends.tolist(), len(tokens)]:
+        ids = tokens[begin:end].tolist()
+        begin = end + 1
+        if not ids:
+            continue
+        text = bundle.tokenizer.decode(ids, skip_special_tokens=False)
+        length = len(text.encode("utf-8"))
+        if size + length > MAX_TEXT_BYTES and documents:
+            truncated = True
+            break
+        documents.append(text)
+        size += length
+    if not documents:
+        raise ValueError(f"{DATASET_MANIFEST} {dataset_id} has no validation documents: there is no held-out text")
+    return HeldOutText(name, dataset_id, documents, size, truncated)
+
+
+def _windows(bundle: Any, documents: list[str]) -> list[tuple[list[int], list[int]]]:
+    """(inputs, targets) windows of at most the bundle's max_context tokens, EOS first."""
+    context = int(bundle.serving["max_context"])
+    windows = []
+    for text in documents:
+        ids = [bundle.eos_token_id, *bundle.tokenizer.encode(text, add_special_tokens=False).ids]
+        for start in range(0, len(ids) - 1, context):
+            chunk = ids[start : start + context + 1]
+            windows.append((chunk[:-1], chunk[1:]))
+    return windows
+
+
+def model_bits(bundle: Any, documents: list[str]) -> tuple[float, int]:
+    """(total next-token loss in bits, tokens scored) of the bundle's model on `documents`."""
+    import torch
+    import torch.nn.functional as F
+
+    windows = sorted(_windows(bundle, documents), key=lambda w: len(w[0]))
+    total, scored = 0.0, 0
+    model = bundle.model
+    model.eval()
+    with torch.no_grad():
+        for begin in range(0, len(windows), BATCH_WINDOWS):
+            batch = windows[begin : begin + BATCH_WINDOWS]
+            width = max(len(inputs) for inputs, _ in batch)
+            # Padding goes after each window: a causal model's earlier positions never see it,
+            # and its targets are ignored.
+            x = torch.tensor([inputs + [0] * (width - len(inputs)) for inputs, _ in batch], dtype=torch.long)
+            y = torch.tensor([targets + [IGNORED] * (width - len(targets)) for _, targets in batch], dtype=torch.long)
+            logits, _ = model(x)
+            loss = F.cross_entropy(
+                logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=IGNORED, reduction="sum"
+            )
+            total += float(loss) / LN2
+            scored += int((y != IGNORED).sum())
+    return total, scored
+
+
+def unigram_table(store: ArtifactStore, bundle: Any) -> Any:
+    """Bits of each token id under the add-one unigram model of the bundle's train stream (its
+    own dataset): the baseline a language model must beat (it knows frequencies, no context)."""
+    import numpy as np
+
+    from aieng_core.training.corpus import chunks, open_token_streams
+
+    dataset = store.check_input(store.get(DATASET_MANIFEST, dataset_of(bundle)))
+    train, _ = open_token_streams(dataset)
+    vocab = int(bundle.model.config.vocab_size)
+    counts = np.ones(vocab, dtype=np.float64)
+    for chunk in chunks(train, 1 << 18):
+        counts += np.bincount(chunk, minlength=vocab)
+    return -np.log2(counts / counts.sum())
+
+
+def unigram_bits(table: Any, bundle: Any, documents: list[str]) -> float:
+    """Total bits of the unigram `table` on the targets the bundle's model is scored on."""
+    import numpy as np
+
+    return float(sum(table[np.asarray(targets, dtype=np.int64)].sum() for _, targets in _windows(bundle, documents)))
+
+
+def quality_step(
+    candidate_path: Path, store: ArtifactStore, deployed_id: str | None, config: AiengConfig
+) -> dict[str, Any]:
+    from aieng_core.bundle.verify import load_bundle
+
+    limit = config.gate.max_quality_regression
+    figures: dict[str, Any] = {
+        "measure": "bits per byte of UTF-8 text (next-token loss in bits / bytes of text); lower is better",
+        "max_quality_regression": limit,
+        "deployed_bundle_id": deployed_id,
+        "texts": [],
+    }
+    # The verify step re-hashed the candidate and replayed its goldens; the deployed bundle's
+    # files are re-hashed as it loads.
+    candidate = load_bundle(candidate_path, DEVICE, check_goldens=False)
+    texts = [held_out_text(store, dataset_of(candidate), candidate, "candidate_validation")]
+    deployed = None
+    if deployed_id is None:
+        figures["note"] = "first deployment: only the unigram floor applies"
+    else:
+        try:
+            deployed = load_bundle(store.get(SERVING_BUNDLE, deployed_id).path, DEVICE, check_goldens=False)
+        except (ArtifactNotFound, ArtifactIntegrityError, OSError, ValueError) as exc:
+            # Production's problem (`aieng store verify` names it): it does not stop this candidate.
+            figures["note"] = f"not compared: the deployed bundle {deployed_id} cannot be loaded ({exc}); floor only"
+    if deployed is not None:
+        deployed_dataset = dataset_of(deployed)
+        if deployed_dataset == texts[0].dataset_manifest:
+            figures["note"] = "both models were trained on the same dataset: one held-out text"
+        else:
+            try:
+                texts.append(held_out_text(store, deployed_dataset, deployed, "deployed_validation"))
+            except (ArtifactNotFound, ArtifactIntegrityError, OSError, ValueError) as exc:
+                figures["note"] = f"the deployed model's held-out text is not available ({exc}): the candidate's only"
+    figures["texts"] = [text.summary() for text in texts]
+    total_bytes = sum(text.bytes for text in texts)
+    sides: dict[str, Any] = {"candidate": candidate, "unigram": None}
+    if deployed is not None:
+        sides["deployed"] = deployed
+    per_text: dict[str, dict[str, float]] = {name: {} for name in sides}
+    pooled: dict[str, float] = {}
+    table = unigram_table(store, candidate)
+    for name, bundle in sides.items():
+        bits_total = 0.0
+        for text in texts:
+            if bundle is None:
+                bits = unigram_bits(table, candidate, text.documents)
+            else:
+                bits = model_bits(bundle, text.documents)[0]
+            per_text[name][text.name] = bits / text.bytes
+            bits_total += bits
+        pooled[name] = bits_total / total_bytes
+    for name in sides:
+        figures[name] = {"bits_per_byte": pooled[name], "per_text": per_text[name]}
+    figures["candidate"]["bundle_id"] = candidate.bundle_id
+    if deployed is not None:
+        figures["deployed"]["bundle_id"] = deployed.bundle_id
+        figures["worse_by"] = pooled["candidate"] / pooled["deployed"] - 1.0
+    figures["vs_unigram"] = pooled["candidate"] / pooled["unigram"]
+    if pooled["candidate"] >= pooled["unigram"]:
+        raise GateFailed(
+            "quality",
+            "bits_per_byte",
+            f"the candidate's {pooled['candidate']:.4f} bits per byte on the held-out text is not below the unigram "
+            f"baseline's {pooled['unigram']:.4f}: it predicts no better than token frequencies",
+            value=pooled["candidate"],
+            limit=pooled["unigram"],
+            figures=figures,
+        )
+    if deployed is not None and figures["worse_by"] > limit:
+        ceiling = pooled["deployed"] * (1.0 + limit)
+        raise GateFailed(
+            "quality",
+            "bits_per_byte",
+            f"the candidate's {pooled['candidate']:.4f} bits per byte on the held-out text is "
+            f"{figures['worse_by']:.1%} above the deployed model's {pooled['deployed']:.4f} ({deployed.bundle_id}); "
+            f"gate.max_quality_regression allows {limit:.1%}",
+            value=pooled["candidate"],
+            limit=ceiling,
+            figures=figures,
+        )
+    return figures
