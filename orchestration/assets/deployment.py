@@ -194,10 +194,11 @@ def withdrawn_failure(bundle_id: str, event: dict[str, Any]) -> dg.Failure:
         "`aieng serve` (closed loop at gate.concurrencies, Poisson at gate.poisson_rates; P99 TTFT and E2EL "
         "SLOs, goodput floor, no error), rollback drill on the drill pointer under traffic (goldens after every "
         "switch, time to rollback), then the atomic promote on production with every figure in its history "
-        "line. A failed gate leaves production serving what it served. A bundle a rollback withdrew is refused, naming the "
-        f"rollback, unless the run has the tag {ALLOW_WITHDRAWN_TAG}=true. A promote or rollback made with "
-        "`aieng deploy` is recorded here too (a runless materialization: by the CLI when AIENG_DAGSTER_URL names "
-        "the webserver, else by deployment_pointer_sensor), so the latest materialization names what production serves."
+        "line. A failed gate leaves production serving what it served. A bundle a rollback withdrew is "
+        f"refused, naming the rollback, unless the run has the tag {ALLOW_WITHDRAWN_TAG}=true. A promote or "
+        "rollback made with `aieng deploy` is recorded here too (a runless materialization: by the CLI when "
+        "AIENG_DAGSTER_URL names the webserver, else by deployment_pointer_sensor), so the latest "
+        "materialization names what production serves."
     ),
 )
 def production_deployment(context: dg.AssetExecutionContext, aieng: AiengResource) -> dg.MaterializeResult:
