@@ -10,10 +10,10 @@ import hashlib
 import io
 import json
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
-import numpy as np
-import pyarrow as pa
+if TYPE_CHECKING:  # numpy and pyarrow are imported where tables are hashed: the CLI starts without them
+    import pyarrow as pa
 
 CHUNK_BYTES = 1 << 20
 
@@ -84,6 +84,9 @@ class ColumnHasher:
 
 
 def _column_parts(array: pa.Array) -> tuple[bytes, bytes | memoryview]:
+    import numpy as np
+    import pyarrow as pa
+
     kind = array.type
     if (
         pa.types.is_string(kind)

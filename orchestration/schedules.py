@@ -62,7 +62,13 @@ CRON_FIELDS = "of 5 fields (minute hour day-of-month month day-of-week)"
 
 
 def _cron_schedule(
-    name: str, job: Any, key: str, cron: str, config_path: Path | str, what: str
+    name: str,
+    job: Any,
+    key: str,
+    cron: str,
+    config_path: Path | str,
+    what: str,
+    status: dg.DefaultScheduleStatus = dg.DefaultScheduleStatus.STOPPED,
 ) -> dg.ScheduleDefinition:
     """`job` on the cron of config key `gate.<key>` (UTC); an invalid cron stops the code
     location with one error naming the file and the key."""
@@ -73,6 +79,7 @@ def _cron_schedule(
             cron_schedule=cron,
             execution_timezone="UTC",
             description=f"{what} on gate.{key} ({cron}, UTC) of {config_path}",
+            default_status=status,
         )
     except dg.DagsterInvalidDefinitionError:
         raise ConfigError(
@@ -100,6 +107,9 @@ def rollback_readiness_schedule_for(
         config.gate.rollback_check_cron,
         config_path,
         "check the rollback target",
+        # On from the start (with the daemon running): it only reads, and a rollback target
+        # nobody checks is the failure it exists to find.
+        dg.DefaultScheduleStatus.RUNNING,
     )
 
 

@@ -89,16 +89,21 @@ FINISHED = (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.Dagster
 RUN_GRACE_S = 600
 
 
-def recorded_sequence(instance: dg.DagsterInstance) -> int | None:
-    """The `sequence` of production_deployment's latest materialization (gate runs, CLI reports
-    and this sensor all record it), or None when there is none or it names none."""
+def recorded_change(instance: dg.DagsterInstance) -> tuple[int, str | None] | None:
+    """(`sequence`, `bundle_id`) of production_deployment's latest materialization (gate runs,
+    CLI reports and this sensor all record both), or None when there is none or it names no
+    sequence."""
     records = instance.fetch_materializations(
         dg.AssetRecordsFilter(asset_key=production_deployment.key), limit=1
     ).records
     materialization = records[0].asset_materialization if records else None
-    entry = materialization.metadata.get("sequence") if materialization is not None else None
-    value = entry.value if entry is not None else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if materialization is None:
+        return None
+    sequence, bundle = (materialization.metadata.get(key) for key in ("sequence", "bundle_id"))
+    value = sequence.value if sequence is not None else None
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    return value, (bundle.value if bundle is not None and isinstance(bundle.value, str) else None)
 
 
 def pointer_materialization(event: dict[str, Any]) -> dg.AssetMaterialization:
@@ -138,13 +143,24 @@ def unfinished_gate_run(instance: dg.DagsterInstance, event: dict[str, Any]) -> 
 )
 def deployment_pointer_sensor(context: dg.SensorEvaluationContext, aieng: AiengResource) -> dg.SensorResult:
     current, applied = Pointer(aieng.store().home, PRODUCTION).applied()
-    recorded = recorded_sequence(context.instance)
-    if recorded is not None and recorded > current["sequence"]:
-        return dg.SensorResult(
-            skip_reason=f"production_deployment's latest materialization names sequence {recorded}, beyond "
-            f"production's {current['sequence']}: the instance recorded another history; nothing recorded",
-            cursor=context.cursor,
-        )
+    latest = recorded_change(context.instance)
+    recorded = latest[0] if latest is not None else None
+    if latest is not None:
+        made = next((event for event in applied if event["sequence"] == latest[0]), None)
+        if made is None or (made["to"] or "none") != latest[1]:
+            # The latest names a change this pointer never made (another home reported to this
+            # instance, or its history was replaced): what the UI shows must be what serves here.
+            if not applied:
+                return dg.SensorResult(skip_reason="production has no history to record", cursor=context.cursor)
+            last_event = applied[-1]
+            context.log.warning(
+                f"production_deployment's latest materialization names sequence {latest[0]} ({latest[1]}), which "
+                f"production's history here does not hold; recording what it serves now: sequence "
+                f"{last_event['sequence']} ({last_event['to'] or 'none'})"
+            )
+            return dg.SensorResult(
+                asset_events=[pointer_materialization(last_event)], cursor=str(last_event["sequence"])
+            )
     # What the instance has is what its latest materialization names. The cursor (the last
     # sequence this sensor recorded) decides only when that names no sequence (a materialization
     # reported by hand), so what the sensor recorded once is never recorded again.

@@ -9,11 +9,12 @@ import os
 import sys
 
 from aieng_core.cli import bench, bundle, data, deploy, lineage, model, serve, store
-from aieng_core.config import ConfigError
 from aieng_core.store import ArtifactIntegrityError, ArtifactNotFound
 
-# Errors a user can act on: printed as one line, never as a traceback.
-USER_ERRORS = (ConfigError, ArtifactNotFound, ArtifactIntegrityError, FileNotFoundError, FileExistsError, ValueError)
+# Errors a user can act on: printed as one line, never as a traceback (a bad config's
+# ConfigError is a ValueError: the config package, pydantic and all, loads only for the
+# commands that read it, so a lookup such as `aieng lineage --request` starts fast).
+USER_ERRORS = (ArtifactNotFound, ArtifactIntegrityError, FileNotFoundError, FileExistsError, ValueError)
 # A reader that stopped reading (`aieng deploy status | head -3`) ends us as SIGPIPE would.
 EXIT_BROKEN_PIPE = 128 + 13
 

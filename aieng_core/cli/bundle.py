@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from aieng_core.asset_keys import MODEL_CHECKPOINT, SERVING_BUNDLE
-from aieng_core.config import load_config
 from aieng_core.home import resolve_home
 from aieng_core.output import emit
 from aieng_core.store import ArtifactStore
@@ -23,6 +22,8 @@ def cmd_bundle_build(args: argparse.Namespace) -> int:
     # What the asset graph does in two steps: the current model's report (reused when its recipe
     # is unchanged, else measured), then the bundle carrying it. A partial model is refused first,
     # before anything is measured.
+    from aieng_core.config import load_config  # pydantic: only for commands that read the config
+
     store, config = ArtifactStore(resolve_home(args.home)), load_config(args.config)
     refuse_partial(store.require_current(MODEL_CHECKPOINT), config.bundle)
     report = build_benchmark_report(store, config)
@@ -82,6 +83,8 @@ def cmd_bundle_current(args: argparse.Namespace) -> int:
     if args.path:
         print(artifact.path)
         return 0
+    from aieng_core.config import load_config  # pydantic: only for commands that read the config
+
     config = load_config(args.config)
     prompt = config.bundle.golden_prompts[0]
     body = json.dumps({"prompt": prompt, "max_new_tokens": 32, "temperature": 0}, ensure_ascii=False)

@@ -7,7 +7,6 @@ import argparse
 import datetime as dt
 import sys
 
-from aieng_core.config import load_config
 from aieng_core.home import raw_partition_dir, resolve_home
 from aieng_core.output import emit
 from aieng_core.store import ArtifactStore
@@ -17,6 +16,8 @@ def cmd_demo_data(args: argparse.Namespace) -> int:
     from aieng_core.data.demo_data import land_demo_data
 
     home = resolve_home(args.home)
+    from aieng_core.config import load_config  # pydantic: only for commands that read the config
+
     start = args.start or load_config(args.config).data.start_date
     folders = [raw_partition_dir(home, (start + dt.timedelta(days=n)).isoformat()) for n in range(args.days)]
     if args.if_missing and all(folder.is_dir() and any(folder.iterdir()) for folder in folders):

@@ -116,28 +116,41 @@ def cmd_deploy_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _changed(deployments: Deployments, event: dict[str, Any], as_json: bool) -> int:
+    """Report a change that was made: Dagster first (its UI names what the pointer names), then
+    the status after it. The change stands whatever happens here: a status that cannot be read
+    now is a warning, never a refusal."""
+    tell_dagster(event, deployments.pointer)
+    try:
+        result = {"event": event, **deployments.status()}
+    except (ValueError, OSError) as exc:
+        emit({"event": event}, as_json, lambda r: _event_line(r["event"]))
+        print(
+            f"aieng: warning: {deployments.pointer} changed (sequence {event['sequence']}), but its status cannot "
+            f"be read now: {exc}",
+            file=sys.stderr,
+        )
+        return 0
+    emit(result, as_json, _format_change)
+    return 0
+
+
 def cmd_deploy_promote(args: argparse.Namespace) -> int:
     try:
         deployments = _deployments(args)
         event = deployments.promote(args.bundle_id, reason=args.reason, allow_withdrawn=args.allow_withdrawn)
-        result = {"event": event, **deployments.status()}
     except (ValueError, OSError) as exc:  # refusals, and a state dir we may not write
         return _refused(exc)
-    emit(result, args.json, _format_change)
-    tell_dagster(event, deployments.pointer)  # the Dagster UI names what the pointer names
-    return 0
+    return _changed(deployments, event, args.json)
 
 
 def cmd_deploy_rollback(args: argparse.Namespace) -> int:
     try:
         deployments = _deployments(args)
         event = deployments.rollback(reason=args.reason, allow_empty=args.allow_empty)
-        result = {"event": event, **deployments.status()}
     except (ValueError, OSError) as exc:  # refusals, and a state dir we may not write
         return _refused(exc)
-    emit(result, args.json, _format_change)
-    tell_dagster(event, deployments.pointer)  # the Dagster UI names what the pointer names
-    return 0
+    return _changed(deployments, event, args.json)
 
 
 def format_check(result: dict[str, Any]) -> str:
@@ -214,6 +227,7 @@ def cmd_deploy_gate(args: argparse.Namespace) -> int:
     except (ValueError, OSError, LookupError) as exc:  # refusals, a missing bundle, unwritable state
         return _refused(exc)
     emit(report, args.json, _format_gate)
+    tell_dagster(report["event"], PRODUCTION)  # the gate promoted production: the Dagster UI names it too
     return 0
 
 

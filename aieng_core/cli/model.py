@@ -6,7 +6,6 @@ import argparse
 import sys
 from typing import Any
 
-from aieng_core.config import load_config
 from aieng_core.home import resolve_home
 from aieng_core.output import emit
 from aieng_core.store import ArtifactStore
@@ -15,6 +14,7 @@ from aieng_core.store import ArtifactStore
 def cmd_model_train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from aieng_core.config import load_config  # pydantic: only for commands that read the config
     from aieng_core.training.model_checkpoint import build_model_checkpoint
 
     config = load_config(args.config)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from aieng_core.config import load_config
 from aieng_core.home import resolve_home
 from aieng_core.store.pointers import PRODUCTION, validate_pointer_name
 from aieng_core.store.request_log import default_request_log
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from aieng_core.config import load_config
     from aieng_core.serving.http.server import run_server
 
     if args.pointer is not None and not args.deployment:

@@ -37,6 +37,7 @@ from aieng_core.store import ArtifactIntegrityError, ArtifactNotFound, ArtifactS
 CANDIDATE, DEPLOYED = "candidate", "deployed"
 SIDES = (CANDIDATE, DEPLOYED)
 WARMUP_NEW_TOKENS = 2
+MIN_PAIRS = 2  # per round: fewer, and there is no comparison to make
 
 
 def _requests_for(bundle_path: Path, texts: list[tuple[str, int]]) -> list[Any]:
@@ -81,7 +82,10 @@ def _round(
             # Which server starts (and warms up) first alternates from round to round, as the
             # order within pairs does: nothing about being first may favour one side.
             for side in start_order:
-                stack.enter_context(servers[side])
+                try:
+                    stack.enter_context(servers[side])
+                except RuntimeError as exc:  # never ready, or exited (a damaged bundle exits on load)
+                    raise ServedBadly(side, str(exc)) from None
             for side in start_order:
                 warm = [replace(r, max_tokens=WARMUP_NEW_TOKENS) for r in requests[side][: gate.compare_concurrency]]
                 closed_loop(servers[side].port, warm, len(warm), stream=True, max_seconds=gate.max_seconds_per_level)
@@ -98,16 +102,26 @@ def _round(
     finally:
         for server in servers.values():
             server.stop()
-    measured: dict[str, Any] = {"wall_seconds": wall, "sides": {}}
-    for side, side_records in zip(SIDES, records):
-        failed = [r for r in side_records if not r.ok]
-        if len(side_records) != len(requests[side]) or failed:
+    # Failed requests are the fault of the side that failed them, the deployed side looked at
+    # first (production's trouble must not read as the candidate's). Pairs the time bound left
+    # unsent are nobody's in particular: the pairs sent whole are compared.
+    for side in (DEPLOYED, CANDIDATE):
+        failed = [r for r in records[SIDES.index(side)] if not r.ok]
+        if failed:
             errors = sorted({str(r.error) for r in failed})[:3]
-            raise ServedBadly(
-                side,
-                f"{len(requests[side]) - len(side_records)} requests not sent and {len(failed)} failed ({errors}); "
-                f"log: {logs[side]}",
-            )
+            raise ServedBadly(side, f"{len(failed)} of its requests failed ({errors}); log: {logs[side]}")
+    sent = len(records[0])
+    if sent < MIN_PAIRS:
+        raise GateFailed(
+            "compare",
+            "pairs_sent",
+            f"only {sent} of {len(requests[CANDIDATE])} request pairs were sent within gate.max_seconds_per_level "
+            f"({gate.max_seconds_per_level:g} s): too few to compare (logs: {logs[CANDIDATE]}, {logs[DEPLOYED]})",
+            value=sent,
+            limit=MIN_PAIRS,
+        )
+    measured: dict[str, Any] = {"wall_seconds": wall, "pairs_sent": sent, "sides": {}}
+    for side, side_records in zip(SIDES, records):
         measured["sides"][side] = {
             "e2el_ms": [r.e2el * 1000.0 for r in side_records],
             "ready_seconds": servers[side].ready_seconds,
@@ -155,7 +169,11 @@ def compare_step(
     paths = {CANDIDATE: candidate_path, DEPLOYED: deployed_path}
     # Prompts cut for the smaller context of the two, so every request fits both bundles.
     shorter = min(paths.values(), key=_max_context)
-    texts = [(r.prompt, r.max_tokens) for r in stress_requests(shorter, config, count=gate.compare_requests)]
+    try:
+        cut = stress_requests(shorter, config, count=gate.compare_requests)
+    except GateFailed as exc:  # the same requests as the stress step's: the same refusal, at this step
+        raise GateFailed("compare", exc.figure, exc.reason, exc.value, exc.limit, figures=figures) from None
+    texts = [(r.prompt, r.max_tokens) for r in cut]
     requests = {side: _requests_for(path, texts) for side, path in paths.items()}
     env = server_env(home, config_path)
     turns: list[dict[str, Any]] = []
@@ -173,14 +191,16 @@ def compare_step(
             raise GateFailed(
                 "compare", "server", f"serving the candidate failed: {exc}", figures={**figures, "turns": turns}
             ) from None
-        except RuntimeError as exc:  # a server never became ready, or exited
-            raise GateFailed(
-                "compare", "server", f"a comparison server failed: {exc}", figures={**figures, "turns": turns}
-            ) from None
         latencies.append({side: measured["sides"][side].pop("e2el_ms") for side in SIDES})
         for side in SIDES:
             turns.append(
-                {"round": number, "side": side, "wall_seconds": measured["wall_seconds"], **measured["sides"][side]}
+                {
+                    "round": number,
+                    "side": side,
+                    "wall_seconds": measured["wall_seconds"],
+                    "pairs_sent": measured["pairs_sent"],
+                    **measured["sides"][side],
+                }
             )
     rounds = [(m[CANDIDATE], m[DEPLOYED]) for m in latencies]
     decision = decide(rounds, gate.max_regression, gate.compare_confidence)

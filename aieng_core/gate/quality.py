@@ -186,14 +186,15 @@ def quality_step(
             # Production's problem (`aieng store verify` names it): it does not stop this candidate.
             figures["note"] = f"not compared: the deployed bundle {deployed_id} cannot be loaded ({exc}); floor only"
     if deployed is not None:
-        deployed_dataset = dataset_of(deployed)
-        if deployed_dataset == texts[0].dataset_manifest:
-            figures["note"] = "both models were trained on the same dataset: one held-out text"
-        else:
-            try:
+        try:
+            deployed_dataset = dataset_of(deployed)
+            if deployed_dataset == texts[0].dataset_manifest:
+                figures["note"] = "both models were trained on the same dataset: one held-out text"
+            else:
                 texts.append(held_out_text(store, deployed_dataset, deployed, "deployed_validation"))
-            except (ArtifactNotFound, ArtifactIntegrityError, OSError, ValueError) as exc:
-                figures["note"] = f"the deployed model's held-out text is not available ({exc}): the candidate's only"
+        except (ArtifactNotFound, ArtifactIntegrityError, OSError, ValueError) as exc:
+            # Both models are still scored on the candidate's text: the comparison stands.
+            figures["note"] = f"the deployed model's held-out text is not available ({exc}): the candidate's only"
     figures["texts"] = [text.summary() for text in texts]
     total_bytes = sum(text.bytes for text in texts)
     sides: dict[str, Any] = {"candidate": candidate, "unigram": None}

@@ -34,10 +34,18 @@ def check_path(home: Path | str, pointer: str = PRODUCTION) -> Path:
 
 
 def write_check(home: Path | str, result: dict[str, Any]) -> Path:
+    """Write `result` as the pointer's last check, unless a check of a later sequence is
+    already there (two checks ran at once and the older one finished last)."""
     missing = [key for key in KEYS if key not in result]
     if missing:
         raise ValueError(f"a rollback check result needs {', '.join(missing)}")
     path = check_path(home, result["pointer"])
+    try:
+        newer = read_check(home, result["pointer"])
+    except RollbackCheckError:
+        newer = None  # a damaged file is replaced by a result
+    if newer is not None and newer["sequence"] > result["sequence"]:
+        return path  # a check of a later state of the pointer finished first: it stands
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, canonical_json(result))
     return path

@@ -507,7 +507,8 @@ def test_prometheus_reads_the_deployment_mismatch_and_the_rollback_readiness(
                 READBACK_S,
                 "the mismatch gauge at 0 while the pointer and the server agree",
             )
-            assert query(port, "aieng_rollback_target_ready") == {}  # no check has run yet
+            assert query(port, "aieng_rollback_target_ready") == {}  # no check has run yet:
+            assert query(port, "aieng_rollback_check_stale") == {series(pointer=PRODUCTION): 1.0}  # overdue
 
             flip_one_byte(home / "artifacts" / "serving_bundle" / second_id / "model.safetensors")
             deployments.promote(second_id, reason="damaged since it was built", verify=False)

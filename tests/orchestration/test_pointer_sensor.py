@@ -125,14 +125,22 @@ def test_a_run_unfinished_long_after_its_promote_is_not_waited_for() -> None:
         assert unfinished_gate_run(instance, {"dagster_run_id": "not-a-run-here", "time": now.isoformat()}) is None
 
 
-def test_an_instance_ahead_of_the_pointer_is_left_alone(deploy_home: Path, pair: BundlePair) -> None:
+def test_a_latest_naming_another_history_is_replaced_by_what_serves_here(deploy_home: Path, pair: BundlePair) -> None:
+    """Another home reported sequence 9 (or sequence 1 with another bundle) to this instance:
+    the UI would name a bundle this pointer never named. What it serves is recorded, once."""
     Deployments(deploy_home).promote(pair.a.id, verify=False)
     with dg.instance_for_test() as instance:
-        instance.report_runless_asset_event(dg.AssetMaterialization(asset_key=KEY, metadata={"sequence": 9}))
-        data = tick_like_the_daemon(deployment_pointer_sensor, instance, None, resources(deploy_home))
-        assert data.asset_events == []
-        assert "names sequence 9, beyond production's 1" in data.skip_message
-        assert len(materializations(instance, KEY)) == 1
+        for foreign in ({"sequence": 9, "bundle_id": pair.a.id}, {"sequence": 1, "bundle_id": pair.b.id}):
+            instance.report_runless_asset_event(dg.AssetMaterialization(asset_key=KEY, metadata=foreign))
+            data = tick_like_the_daemon(deployment_pointer_sensor, instance, None, resources(deploy_home))
+            assert [(meta(m)["sequence"], meta(m)["bundle_id"]) for m in materializations(instance, KEY)][-1] == (
+                1,
+                pair.a.id,
+            )
+            assert data.cursor == "1"
+            again = tick_like_the_daemon(deployment_pointer_sensor, instance, data.cursor, resources(deploy_home))
+            assert again.asset_events == []
+        assert len(materializations(instance, KEY)) == 4  # two foreign reports, each answered once
 
 
 def test_nothing_deployed_records_nothing(deploy_home: Path) -> None:

@@ -120,6 +120,7 @@ def test_the_schedule_runs_the_job_on_the_configured_cron(tmp_path: Path) -> Non
     schedule = rollback_readiness_schedule
     assert schedule.cron_schedule == load_config(TINY_CONFIG).gate.rollback_check_cron
     assert (schedule.execution_timezone, schedule.job_name) == ("UTC", "rollback_readiness")
+    assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING  # the retrain's starts stopped
     context = dg.build_schedule_context(scheduled_execution_time=datetime(2026, 1, 5, 3, 23, tzinfo=UTC))
     [request] = list(schedule.evaluate_tick(context).run_requests or [])
     assert request.job_name in (None, "rollback_readiness")

@@ -7,11 +7,15 @@ The check is one small file, `$AIENG_HOME/deployments/<pointer>/rollback-check.j
 Read as the server exports it:
 
 - ready: the check verified, loaded and replayed the target's goldens (`ok`) and the pointer
-  has not changed since (its sequence is the check's); a failed check, a stale one (the
-  pointer moved: another stack, another target) and a damaged file all count as not ready.
-- no check yet, or a check that found nothing to roll back to: no readiness at all (no
-  `aieng_rollback_target_ready` series); the check's age and staleness still say how old
-  the last word is (`aieng_rollback_check_age_seconds`, `aieng_rollback_check_stale`).
+  has not changed since (its sequence is the check's); a failed check and a damaged file
+  count as not ready.
+- stale (the pointer moved since: another stack, perhaps another target), no check yet, or a
+  check that found nothing to roll back to: no readiness at all (no
+  `aieng_rollback_target_ready` series: a label naming an old target would say something
+  about a bundle that may no longer be the target); `aieng_rollback_check_stale` is 1 for a
+  stale check and for none at all, and with the check's age
+  (`aieng_rollback_check_age_seconds`) it says how old the last word is. `aieng deploy
+  status` reads the same file the same way.
 """
 
 from __future__ import annotations
@@ -53,15 +57,15 @@ def _timestamp(value: object) -> float | None:
     return moment.timestamp()
 
 
-def read_rollback_readiness(home: Path | str, pointer: str, sequence: int) -> RollbackReadiness | None:
-    """The last check of `pointer`, judged against the pointer's `sequence` now; None when no
-    check ever ran. Never raises for the file: a damaged one is a check that did not pass."""
+def read_rollback_readiness(home: Path | str, pointer: str, sequence: int) -> RollbackReadiness:
+    """The last check of `pointer`, judged against the pointer's `sequence` now. Never raises
+    for the file: a damaged one is a check that did not pass."""
     try:
         check = read_check(home, pointer)
     except RollbackCheckError as exc:
         return RollbackReadiness(pointer, UNKNOWN_BUNDLE, False, False, None, str(exc))
-    if check is None:
-        return None
+    if check is None:  # never checked: as stale as a check can be
+        return RollbackReadiness(pointer, None, None, True, None, "no rollback readiness check has run yet")
     stale = is_stale(check, sequence)
     checked_at = _timestamp(check["checked_at"])
     target = check["bundle_id"]
@@ -69,11 +73,10 @@ def read_rollback_readiness(home: Path | str, pointer: str, sequence: int) -> Ro
         return RollbackReadiness(pointer, None, None, stale, checked_at, None)
     problems = check["problems"] if isinstance(check["problems"], list) else []
     if stale:
-        problem: str | None = (
-            f"the last check (at sequence {check['sequence']}) predates the pointer's sequence {sequence}"
-        )
-    elif check["ok"] is not True:
+        problem = f"the last check (at sequence {check['sequence']}) predates the pointer's sequence {sequence}"
+        return RollbackReadiness(pointer, str(target), None, True, checked_at, problem)
+    if check["ok"] is not True:
         problem = str(problems[0]) if problems else "the check did not pass"
     else:
         problem = None
-    return RollbackReadiness(pointer, str(target), problem is None, stale, checked_at, problem)
+    return RollbackReadiness(pointer, str(target), problem is None, False, checked_at, problem)

@@ -194,8 +194,8 @@ class ServingMetrics:
         )
 
     def set_rollback(self, pointer: str, readiness: Any, now: float) -> None:
-        """The last rollback readiness check of `pointer` (a deployment_watch.RollbackReadiness,
-        or None before a first check: no series)."""
+        """The last rollback readiness check of `pointer` (a deployment_watch.RollbackReadiness;
+        None: no series)."""
         self.rollback_ready.clear()
         self.rollback_stale.clear()
         self.rollback_age.clear()
@@ -203,8 +203,10 @@ class ServingMetrics:
             return
         if readiness.ready is not None:
             self.rollback_ready.labels(pointer=pointer, bundle_id=readiness.bundle_id).set(1 if readiness.ready else 0)
+        # Stale is said also when no check ever ran (checked_at None): a rollback target nobody
+        # checked is the case the overdue alert is for.
+        self.rollback_stale.labels(pointer=pointer).set(1 if readiness.stale else 0)
         if readiness.checked_at is not None:
-            self.rollback_stale.labels(pointer=pointer).set(1 if readiness.stale else 0)
             self.rollback_age.labels(pointer=pointer).set(readiness.age_seconds(now))
 
     def observe_engine(self, stats: Any) -> None:

@@ -236,8 +236,9 @@ def test_every_rule_is_an_alert_an_operator_can_act_on() -> None:
 
 
 def test_the_deployment_series_are_exported_as_the_rules_read_them() -> None:
-    """Mismatch: one series per pointer, 1 or 0; readiness: no ready series before a check or
-    with nothing to roll back to, a damaged check file is a 0 for an unknown target."""
+    """Mismatch: one series per pointer, 1 or 0; readiness: no ready series when stale, before
+    a check (stale 1) or with nothing to roll back to; a damaged check file is a 0 for an
+    unknown target."""
     metrics = ServingMetrics()
 
     def samples() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -254,17 +255,25 @@ def test_the_deployment_series_are_exported_as_the_rules_read_them() -> None:
     mismatch = (("pointer", "production"), ("pointer_bundle", "b2"), ("served_bundle", "b1"))
     assert samples() == {("aieng_deployment_mismatch", mismatch): 1.0}
     metrics.set_deployment("production", "b2", "b2", mismatch=False)
-    metrics.set_rollback("production", RollbackReadiness("production", "b1", False, True, 40.0, "stale"), now=100.0)
+    # Stale: no ready series (its label would name a target that may no longer be the one).
+    metrics.set_rollback("production", RollbackReadiness("production", "b1", None, True, 40.0, "stale"), now=100.0)
     pointer = (("pointer", "production"),)
     assert samples() == {
         (
             "aieng_deployment_mismatch",
             (("pointer", "production"), ("pointer_bundle", "b2"), ("served_bundle", "b2")),
         ): 0,
-        ("aieng_rollback_target_ready", (("bundle_id", "b1"), *pointer)): 0.0,
         ("aieng_rollback_check_stale", pointer): 1.0,
         ("aieng_rollback_check_age_seconds", pointer): 60.0,
     }
+    never_checked = RollbackReadiness("production", None, None, True, None, "no rollback readiness check has run yet")
+    metrics.set_rollback("production", never_checked, now=100.0)
+    assert {k: v for k, v in samples().items() if k[0].startswith("aieng_rollback")} == {
+        ("aieng_rollback_check_stale", pointer): 1.0
+    }
+    failed = RollbackReadiness("production", "b1", False, False, 40.0, "sha256 does not match")
+    metrics.set_rollback("production", failed, now=100.0)
+    assert samples()[("aieng_rollback_target_ready", (("bundle_id", "b1"), *pointer))] == 0.0
     nothing_to_roll_back_to = RollbackReadiness("production", None, None, False, 90.0, None)
     metrics.set_rollback("production", nothing_to_roll_back_to, now=100.0)
     assert {name for name, _ in samples()} == {
@@ -275,5 +284,6 @@ def test_the_deployment_series_are_exported_as_the_rules_read_them() -> None:
     damaged = RollbackReadiness("production", "unknown", False, False, None, "rollback-check.json: not valid JSON")
     metrics.set_rollback("production", damaged, now=100.0)
     assert {key: value for key, value in samples().items() if key[0].startswith("aieng_rollback")} == {
-        ("aieng_rollback_target_ready", (("bundle_id", "unknown"), *pointer)): 0.0
+        ("aieng_rollback_target_ready", (("bundle_id", "unknown"), *pointer)): 0.0,
+        ("aieng_rollback_check_stale", pointer): 0.0,
     }

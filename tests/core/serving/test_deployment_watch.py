@@ -1,6 +1,6 @@
 """The rollback readiness a following server exports (serving/http/deployment_watch.py), read
-from a real rollback-check.json: passed and current is ready; failed, stale or damaged is not;
-no check, or nothing to roll back to, is no readiness at all."""
+from a real rollback-check.json: passed and current is ready; failed or damaged is not; stale,
+no check, or nothing to roll back to, is no readiness at all (stale and no check say stale)."""
 
 from __future__ import annotations
 
@@ -31,8 +31,10 @@ def check(**changes: Any) -> dict[str, Any]:
     return {**result, **changes}
 
 
-def test_no_check_yet_is_no_readiness(tmp_path: Path) -> None:
-    assert read_rollback_readiness(tmp_path, "production", 4) is None
+def test_no_check_yet_is_no_readiness_and_stale(tmp_path: Path) -> None:
+    assert read_rollback_readiness(tmp_path, "production", 4) == RollbackReadiness(
+        "production", None, None, True, None, "no rollback readiness check has run yet"
+    )
 
 
 @pytest.mark.parametrize(
@@ -57,7 +59,7 @@ def test_no_check_yet_is_no_readiness(tmp_path: Path) -> None:
             RollbackReadiness(
                 "production",
                 "b1",
-                False,
+                None,
                 True,
                 CHECKED_TS,
                 "the last check (at sequence 4) predates the pointer's sequence 5",
