@@ -72,6 +72,7 @@ def read_rollback_readiness(home: Path | str, pointer: str, sequence: int) -> Ro
     if target is None:
         return RollbackReadiness(pointer, None, None, stale, checked_at, None)
     problems = check["problems"] if isinstance(check["problems"], list) else []
+    problem: str | None
     if stale:
         problem = f"the last check (at sequence {check['sequence']}) predates the pointer's sequence {sequence}"
         return RollbackReadiness(pointer, str(target), None, True, checked_at, problem)
