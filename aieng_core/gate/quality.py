@@ -33,7 +33,7 @@ from typing import Any
 from aieng_core.asset_keys import DATASET_MANIFEST, SERVING_BUNDLE
 from aieng_core.config import AiengConfig
 from aieng_core.gate.report import GateFailed
-from aieng_core.store import ArtifactIntegrityError, ArtifactNotFound, ArtifactStore
+from aieng_core.store import Artifact, ArtifactIntegrityError, ArtifactNotFound, ArtifactStore
 
 MAX_TEXT_BYTES = 1 << 20  # per held-out text: bounds the step's time on a large dataset
 BATCH_WINDOWS = 16
@@ -69,14 +69,20 @@ def dataset_of(bundle: Any) -> str:
     return dataset_id
 
 
-def held_out_text(store: ArtifactStore, dataset_id: str, bundle: Any, name: str) -> HeldOutText:
-    """The validation documents of dataset `dataset_id`, decoded by `bundle`'s tokenizer (the
-    one the dataset was tokenized with), verified first (a damaged dataset raises, naming it)."""
+def verified_dataset(store: ArtifactStore, dataset_id: str) -> Artifact:
+    """The dataset_manifest `dataset_id`, re-hashed once before anything reads it (a damaged
+    one raises, naming the file)."""
+    return store.check_input(store.get(DATASET_MANIFEST, dataset_id))
+
+
+def held_out_text(dataset: Artifact, bundle: Any, name: str) -> HeldOutText:
+    """The validation documents of `dataset` (verified_dataset), decoded by `bundle`'s tokenizer
+    (the one the dataset was tokenized with)."""
     import numpy as np
 
     from aieng_core.training.corpus import open_token_streams
 
-    dataset = store.check_input(store.get(DATASET_MANIFEST, dataset_id))
+    dataset_id = dataset.id
     _, validation = open_token_streams(dataset)
     tokens = validation[0 : len(validation)]
     ends = np.flatnonzero(tokens == bundle.eos_token_id)
@@ -137,14 +143,14 @@ def model_bits(bundle: Any, documents: list[str]) -> tuple[float, int]:
     return total, scored
 
 
-def unigram_table(store: ArtifactStore, bundle: Any) -> Any:
+def unigram_table(dataset: Artifact, bundle: Any) -> Any:
     """Bits of each token id under the add-one unigram model of the bundle's train stream (its
-    own dataset): the baseline a language model must beat (it knows frequencies, no context)."""
+    own dataset, verified_dataset): the baseline a language model must beat (it knows
+    frequencies, no context)."""
     import numpy as np
 
     from aieng_core.training.corpus import chunks, open_token_streams
 
-    dataset = store.check_input(store.get(DATASET_MANIFEST, dataset_of(bundle)))
     train, _ = open_token_streams(dataset)
     vocab = int(bundle.model.config.vocab_size)
     counts = np.ones(vocab, dtype=np.float64)
@@ -175,7 +181,8 @@ def quality_step(
     # The verify step re-hashed the candidate and replayed its goldens; the deployed bundle's
     # files are re-hashed as it loads.
     candidate = load_bundle(candidate_path, DEVICE, check_goldens=False)
-    texts = [held_out_text(store, dataset_of(candidate), candidate, "candidate_validation")]
+    candidate_dataset = verified_dataset(store, dataset_of(candidate))  # the text's and the baseline's
+    texts = [held_out_text(candidate_dataset, candidate, "candidate_validation")]
     deployed = None
     if deployed_id is None:
         figures["note"] = "first deployment: only the unigram floor applies"
@@ -191,7 +198,10 @@ def quality_step(
             if deployed_dataset == texts[0].dataset_manifest:
                 figures["note"] = "both models were trained on the same dataset: one held-out text"
             else:
-                texts.append(held_out_text(store, deployed_dataset, deployed, "deployed_validation"))
+                deployed_text = held_out_text(
+                    verified_dataset(store, deployed_dataset), deployed, "deployed_validation"
+                )
+                texts.append(deployed_text)
         except (ArtifactNotFound, ArtifactIntegrityError, OSError, ValueError) as exc:
             # Both models are still scored on the candidate's text: the comparison stands.
             figures["note"] = f"the deployed model's held-out text is not available ({exc}): the candidate's only"
@@ -202,7 +212,7 @@ def quality_step(
         sides["deployed"] = deployed
     per_text: dict[str, dict[str, float]] = {name: {} for name in sides}
     pooled: dict[str, float] = {}
-    table = unigram_table(store, candidate)
+    table = unigram_table(candidate_dataset, candidate)
     for name, bundle in sides.items():
         bits_total = 0.0
         for text in texts:

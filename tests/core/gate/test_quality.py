@@ -14,7 +14,7 @@ from aieng_core.asset_keys import DATASET_MANIFEST
 from aieng_core.config import AiengConfig, load_config
 from aieng_core.deploy.deployments import Deployments
 from aieng_core.gate import GateFailed, run_gate
-from aieng_core.gate.quality import dataset_of, held_out_text, model_bits, quality_step
+from aieng_core.gate.quality import dataset_of, held_out_text, model_bits, quality_step, verified_dataset
 from aieng_core.store import Artifact, ArtifactStore
 from tests.bundle_fixtures import BundledHome
 from tests.conftest import TINY_CONFIG
@@ -61,7 +61,7 @@ def test_held_out_text_is_the_validation_documents_decoded(trained: Trained) -> 
     from aieng_core.training.corpus import open_token_streams
 
     bundle = _loaded(trained.good)
-    text = held_out_text(trained.store, dataset_of(bundle), bundle, "candidate_validation")
+    text = held_out_text(verified_dataset(trained.store, dataset_of(bundle)), bundle, "candidate_validation")
     _, validation = open_token_streams(trained.store.get(DATASET_MANIFEST, dataset_of(bundle)))
     assert text.documents and not text.truncated
     assert text.bytes == sum(len(doc.encode("utf-8")) for doc in text.documents)
@@ -76,7 +76,7 @@ def test_bits_are_the_models_next_token_losses(trained: Trained) -> None:
     import torch.nn.functional as F
 
     bundle = _loaded(trained.good)
-    documents = held_out_text(trained.store, dataset_of(bundle), bundle, "c").documents[:6]
+    documents = held_out_text(verified_dataset(trained.store, dataset_of(bundle)), bundle, "c").documents[:6]
     together, scored = model_bits(bundle, documents)
     by_hand, tokens = 0.0, 0
     context = int(bundle.serving["max_context"])
