@@ -31,9 +31,9 @@ $(DAGSTER_HOME)/dagster.yaml: configs/dagster.yaml
 ## run: set up, land demo data, materialize the whole graph (data, model, benchmark, bundle, gate), show what it made
 run: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/aieng demo-data --if-missing
-	$(BIN)/dagster asset materialize -m orchestration.definitions --select '*' --partition-range $(DEMO_RANGE) || { \
+	$(BIN)/dg launch --assets '*' --partition-range $(DEMO_RANGE) || { \
 	  echo "make run: materializing the model and bundle once more (a model stopped by training.max_minutes resumes where it stopped; a partial model is never bundled)" >&2; \
-	  $(BIN)/dagster asset materialize -m orchestration.definitions --select 'model_checkpoint*'; }
+	  $(BIN)/dg launch --assets 'model_checkpoint*'; }
 	$(BIN)/aieng data status
 	$(BIN)/aieng deploy status
 	$(BIN)/aieng bundle current

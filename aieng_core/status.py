@@ -22,10 +22,13 @@ PARTITION_SUMMARY = {
     CLEAN_KIND: lambda m: f"{m['rows_in']} in, {m['rows_clean']} clean, {m['rows_quarantined']} quarantined",
     TOKENIZED_KIND: lambda m: f"{m['rows']} documents, {m['tokens']:,} tokens",
 }
+# What an empty day's artifacts say instead of their counts.
+NO_DATA = {"empty": "no data: empty landing folder", "absent": "no data: no landing folder (ingested in a range)"}
+INGESTED = "ingested"  # as aieng_core/data/landing.py names it (imported lazily: status stays light)
 
 
 def pipeline_status(store: ArtifactStore) -> dict[str, Any]:
-    status: dict[str, Any] = {"home": str(store.home), "assets": {}}
+    status: dict[str, Any] = {"home": str(store.home), "assets": {}, "landing": landing_status(store)}
     for kind in PARTITIONED:
         status["assets"][kind] = {
             partition: _summary(store.require_current(kind, partition)) for partition in store.current_partitions(kind)
@@ -36,13 +39,36 @@ def pipeline_status(store: ArtifactStore) -> dict[str, Any]:
     return status
 
 
+def landing_status(store: ArtifactStore) -> dict[str, Any]:
+    """Every landing folder: `{partition: {files, state}}`, state as the landing sensor sees it
+    (aieng_core/data/landing.py `ingest_state`: ingested, partly ingested, changed since
+    ingested, emptied since ingested, not ingested); `other_entries`: what raw/ holds that is
+    no partition's folder. A day with neither folder nor snapshot is simply not listed."""
+    from aieng_core.data.landing import ingest_state, landing_folders
+
+    folders, strays = landing_folders(store.home)
+    partitions = {
+        folder.partition: {"files": len(folder.files), "state": ingest_state(store, folder)} for folder in folders
+    }
+    return {"partitions": partitions, "other_entries": strays}
+
+
 def _summary(artifact) -> dict[str, Any]:
+    metrics = artifact.metrics
     return {
         "id": artifact.id,
         "content_sha256": artifact.content_sha256,
         "path": str(artifact.path),
-        "metrics": artifact.metrics,
+        "no_data": bool(metrics.get("no_data", False)),
+        "metrics": metrics,
     }
+
+
+def _partition_line(kind: str, item: dict[str, Any], raw: dict[str, Any] | None) -> str:
+    if item["no_data"]:
+        landing = (raw or {}).get("metrics", {}).get("landing_folder", "empty")
+        return NO_DATA.get(landing, NO_DATA["empty"])
+    return PARTITION_SUMMARY[kind](item["metrics"])
 
 
 def format_status(status: dict[str, Any]) -> str:
@@ -53,7 +79,17 @@ def format_status(status: dict[str, Any]) -> str:
         if not assets[kind]:
             lines.append("  (none)")
         for partition, item in assets[kind].items():
-            lines.append(f"  {partition}  {item['id']}  {PARTITION_SUMMARY[kind](item['metrics'])}")
+            raw = assets[RAW_KIND].get(partition)
+            lines.append(f"  {partition}  {item['id']}  {_partition_line(kind, item, raw)}")
+    landing = status["landing"]
+    waiting = {p: entry for p, entry in landing["partitions"].items() if entry["state"] != INGESTED}
+    lines.append(
+        f"landing folders ({len(landing['partitions'])}, $AIENG_HOME/raw/): {len(waiting)} not ingested as landed"
+    )
+    for partition, entry in waiting.items():
+        lines.append(f"  {partition}  {entry['files']} data files  {entry['state']}")
+    if landing["other_entries"]:
+        lines.append(f"  not partitions, never ingested: {', '.join(landing['other_entries'])}")
     tokenizer, manifest = assets[TOKENIZER_KIND], assets[MANIFEST_KIND]
     lines.append(
         f"{TOKENIZER_KIND}: "

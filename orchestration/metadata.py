@@ -1,14 +1,20 @@
 """Turning artifacts into what the Dagster UI shows: ids, inputs, counts, sample tables."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import dagster as dg
 
+from aieng_core import asset_keys
+from aieng_core.benchmark.inline_chart import bar_chart_svg, svg_data_uri
 from aieng_core.hashing import sha256_json
-from aieng_core.store import Artifact, RunInfo
+from aieng_core.store import Artifact, ArtifactStore, RunInfo
+from aieng_core.training.bits_per_byte import bits_per_byte, tokens_per_byte
 
 PREVIEW_CHARS = 160
+# The Dagster UI (1.13, ui-core MetadataEntry.tsx) renders a markdown value in the asset's
+# metadata table only when it is shorter than this; a longer one hides behind "[Show Markdown]".
+INLINE_MARKDOWN_CHARS = 1000
 
 
 def run_info(context: dg.AssetExecutionContext | dg.AssetCheckExecutionContext) -> RunInfo:
@@ -72,8 +78,32 @@ def materialize_partitions(
     return dg.MaterializeResult(data_version=dg.DataVersion(version))
 
 
-def materialize_one(artifact: Artifact, describe: dict[str, Any]) -> dg.MaterializeResult:
+def numeric_order(name: str) -> tuple[str, int]:
+    """Sort key: `…_batch_4` before `…_batch_16` (manifests store their keys sorted as text)."""
+    stem, _, number = name.rpartition("_")
+    return (stem, int(number)) if number.isdigit() else (name, 0)
+
+
+def validation_bits_per_byte(store: ArtifactStore, model_id: str, loss: float) -> dict[str, float]:
+    """`{"validation_bits_per_byte": …}`: a validation loss (nats/token) of the model_checkpoint
+    `model_id` in bits per byte of its validation text; empty when that text is."""
+    ratio = tokens_per_byte(store.get(asset_keys.MODEL_CHECKPOINT, model_id), store)
+    return {} if ratio is None else {"validation_bits_per_byte": bits_per_byte(loss, ratio)}
+
+
+def inline_chart(bars: Sequence[tuple[str, float]], caption: str) -> dg.MetadataValue | None:
+    """A bar chart the asset page shows inline (markdown: an SVG data URI and its caption), or
+    None when it would be too long to show inline (then it would only repeat the PNG plot)."""
+    markdown = f"![{caption}]({svg_data_uri(bar_chart_svg(bars))})\n\n{caption}"
+    return dg.MetadataValue.md(markdown) if bars and len(markdown) < INLINE_MARKDOWN_CHARS else None
+
+
+def materialize_one(
+    artifact: Artifact, describe: dict[str, Any], headline: dict[str, Any] | None = None
+) -> dg.MaterializeResult:
+    """`headline` comes first: the asset page lists metadata in order, and what on-call reads
+    (the figures, the verdict) should be on screen without scrolling past ids and inputs."""
     return dg.MaterializeResult(
         data_version=dg.DataVersion(artifact.content_sha256),
-        metadata={**artifact_metadata(artifact), **describe},
+        metadata={**(headline or {}), **artifact_metadata(artifact), **describe},
     )

@@ -12,7 +12,9 @@ import dagster as dg
 from aieng_core.config import load_config, resolve_config_path
 
 CONFIG_PATH = resolve_config_path()
-START_DATE = load_config(CONFIG_PATH).data.start_date
+# Read once at load: what decides the definitions themselves (partitions, crons, intervals).
+LOCATION_CONFIG = load_config(CONFIG_PATH)
+START_DATE = LOCATION_CONFIG.data.start_date
 
 daily_partitions = dg.DailyPartitionsDefinition(start_date=START_DATE.isoformat())
 

@@ -1,4 +1,5 @@
-"""The daily ingest: at 01:00 UTC, the previous day's partition, through the data half.
+"""The daily ingest job (its schedule and the landing sensor that also run it are in
+orchestration/landing.py): one day's partition through the data half.
 
 The retrain: on `gate.retrain_cron` (UTC) of the code location's config, dataset_manifest ->
 model_checkpoint -> benchmark_report -> serving_bundle, with their checks; a new bundle then
@@ -25,16 +26,13 @@ from orchestration.assets.deployment import rollback_target_ready
 from orchestration.assets.model import model_checkpoint
 from orchestration.assets.serving import serving_bundle
 from orchestration.assets.tokenizer import bpe_tokenizer, tokenized_documents
-from orchestration.partitions import CONFIG_PATH
+from orchestration.partitions import CONFIG_PATH, LOCATION_CONFIG
 
 daily_ingest_job = dg.define_asset_job(
     "daily_ingest",
     selection=[raw_documents, clean_documents, bpe_tokenizer, tokenized_documents, dataset_manifest],
     description="Snapshot, clean and tokenize one day, then refresh the dataset manifest (the tokenizer stays pinned).",
 )
-
-# A daily-partitioned job's schedule requests the partition of the day that just ended.
-daily_ingest_schedule = dg.build_schedule_from_partitioned_job(daily_ingest_job, hour_of_day=1, minute_of_hour=0)
 
 # Exactly these assets (and their checks): the data half stays with the daily ingest.
 RETRAIN_ASSETS = [dataset_manifest, model_checkpoint, benchmark_report, serving_bundle]
@@ -69,6 +67,7 @@ def _cron_schedule(
     config_path: Path | str,
     what: str,
     status: dg.DefaultScheduleStatus = dg.DefaultScheduleStatus.STOPPED,
+    execution_fn: Any = None,
 ) -> dg.ScheduleDefinition:
     """`job` on the cron of config key `gate.<key>` (UTC); an invalid cron stops the code
     location with one error naming the file and the key."""
@@ -80,6 +79,7 @@ def _cron_schedule(
             execution_timezone="UTC",
             description=f"{what} on gate.{key} ({cron}, UTC) of {config_path}",
             default_status=status,
+            execution_fn=execution_fn,
         )
     except dg.DagsterInvalidDefinitionError:
         raise ConfigError(
@@ -90,8 +90,22 @@ def _cron_schedule(
 def retrain_schedule_for(config: AiengConfig, config_path: Path | str = CONFIG_PATH) -> dg.ScheduleDefinition:
     """The retrain job on `config.gate.retrain_cron` (UTC); an invalid cron stops the code
     location with one error naming the file and the key."""
+
+    def tick(context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
+        # The policy as the file says now (the sensor reads it live too): one switch for both.
+        policy = load_config(config_path).gate.retrain
+        if policy != "cron":
+            return dg.SkipReason(f"gate.retrain is {policy}, not cron: this schedule trains nothing")
+        return dg.RunRequest()
+
     return _cron_schedule(
-        "retrain_schedule", retrain_job, "retrain_cron", config.gate.retrain_cron, config_path, "retrain"
+        "retrain_schedule",
+        retrain_job,
+        "retrain_cron",
+        config.gate.retrain_cron,
+        config_path,
+        "retrain, when gate.retrain is cron,",
+        execution_fn=tick,
     )
 
 
@@ -113,6 +127,5 @@ def rollback_readiness_schedule_for(
     )
 
 
-_config = load_config(CONFIG_PATH)
-retrain_schedule = retrain_schedule_for(_config)
-rollback_readiness_schedule = rollback_readiness_schedule_for(_config)
+retrain_schedule = retrain_schedule_for(LOCATION_CONFIG)
+rollback_readiness_schedule = rollback_readiness_schedule_for(LOCATION_CONFIG)

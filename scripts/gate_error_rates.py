@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             key: getattr(config.gate, key)
             for key in (
                 "compare_rounds",
+                "compare_max_rounds",
                 "compare_requests",
                 "compare_concurrency",
                 "compare_confidence",

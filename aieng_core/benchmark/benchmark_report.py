@@ -117,6 +117,7 @@ def report_spec(config: AiengConfig, model: Artifact, dataset: Artifact) -> Arti
         kind=KIND,
         code_version=CODE_VERSION,
         config_sha256=report_config_sha256(config),
+        config_sections=config.section_values("benchmark", "bundle", "training"),
         inputs=((MODEL_KIND, model.id), (DATASET_KIND, dataset.id)),
         recipe={"device": DEVICE},
     )

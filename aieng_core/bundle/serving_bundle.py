@@ -221,6 +221,7 @@ def bundle_spec(config: AiengConfig, model: Artifact, report: Artifact) -> Artif
         kind=KIND,
         code_version=CODE_VERSION,
         config_sha256=config.section_sha256("bundle"),
+        config_sections=config.section_values("bundle"),
         inputs=((MODEL_KIND, model.id), (BENCHMARK_KIND, report.id)),
         # A report's id is its recipe's, and its figures are measurements: its content hash names
         # the figures this bundle carries (a report measured again under the same id holds other figures).

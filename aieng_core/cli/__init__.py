@@ -1,5 +1,7 @@
 """The `aieng` command line. Every `--json` output is one JSON document on stdout; a refusal
-is one line on stderr and exit 1, never a traceback. One module per command group."""
+is one line on stderr, never a traceback: exit 2 for a bad config (as argparse exits 2 for bad
+arguments: what was given is wrong), 1 for any other refusal. AIENG_TRACEBACK=1 shows the
+traceback instead. One module per command group."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from aieng_core.store import ArtifactIntegrityError, ArtifactNotFound
 USER_ERRORS = (ArtifactNotFound, ArtifactIntegrityError, FileNotFoundError, FileExistsError, ValueError)
 # A reader that stopped reading (`aieng deploy status | head -3`) ends us as SIGPIPE would.
 EXIT_BROKEN_PIPE = 128 + 13
+EXIT_REFUSED = 1
+EXIT_BAD_CONFIG = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,6 +43,18 @@ def _stdout_gone() -> int:
     return EXIT_BROKEN_PIPE
 
 
+def _refuse(exc: Exception) -> int | None:
+    """Print the error as one line on stderr and give the exit status; None when
+    AIENG_TRACEBACK asks for the traceback instead."""
+    # Loaded here, not at the top: pydantic comes with it (see USER_ERRORS).
+    from aieng_core.config import ConfigError, traceback_requested
+
+    if traceback_requested():
+        return None
+    print(f"aieng: error: {exc}", file=sys.stderr)
+    return EXIT_BAD_CONFIG if isinstance(exc, ConfigError) else EXIT_REFUSED
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -54,8 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return _stdout_gone()
     except USER_ERRORS as exc:
-        print(f"aieng: error: {exc}", file=sys.stderr)
-        return 1
+        status = _refuse(exc)
+        if status is None:
+            raise
+        return status
     except KeyboardInterrupt:
         print("aieng: interrupted", file=sys.stderr)
         return 130

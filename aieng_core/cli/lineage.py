@@ -19,8 +19,9 @@ from aieng_core import asset_keys
 from aieng_core.home import resolve_home
 from aieng_core.output import emit
 from aieng_core.store.artifacts import ArtifactNotFound, ArtifactStore
-from aieng_core.store.lineage import PRODUCTION, affected_by, deployed_bundle, git_state, lineage_graph
+from aieng_core.store.lineage import PRODUCTION, deployed_bundle, git_state, lineage_graph
 from aieng_core.store.request_log import NO_BUNDLE, default_request_log, find_request
+from aieng_core.tokenizer.tokenizer_inputs import CHANGED, CONSEQUENCE, GONE, affected_by
 
 CURRENT = "current"
 SHORT = 12  # hex digits of a commit or config hash in human output (--json has them whole)
@@ -96,7 +97,9 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     parser.add_argument(
         "--affected-by",
         metavar="PARTITION_OR_FILE",
-        help="a daily partition (YYYY-MM-DD) or the path of a landed raw file: list everything downstream",
+        help="a daily partition (YYYY-MM-DD) or the path of a landed raw file: list everything downstream, "
+        "and the path through the tokenizer trained on it (with the commands that retrain it when it was "
+        "trained on a replaced version)",
     )
     parser.add_argument(
         "--request",
@@ -247,6 +250,36 @@ def _deployment_lines(pointer: str, deployment: dict[str, Any]) -> list[str]:
     return lines
 
 
+def format_via_tokenizer(result: dict[str, Any]) -> list[str]:
+    """The path through each tokenizer reached (`via_tokenizer`): said outright, because it is
+    why one day's file reaches every other day's tokens and the bundles built long after it."""
+    lines = []
+    for via in result.get("via_tokenizer") or []:
+        partitions = [entry["partition"] for entry in via["trained_on"]]
+        if "partition" in result["affected_by"]:
+            trained = "trained on this partition"
+        else:
+            trained = f"trained on partition {', '.join(partitions)}, which read this file"
+        bundles = via[asset_keys.SERVING_BUNDLE]
+        state = "current" if via["current"] else "no longer current"
+        lines.append(
+            f"via bpe_tokenizer {via[asset_keys.BPE_TOKENIZER]} ({state}; "
+            f"{trained}): every token id of every partition depends on it; {via['built_with_it']} artifacts were "
+            f"built with it" + (f", serving bundles {', '.join(bundles)}" if bundles else ", no serving bundle")
+        )
+        for entry in via["trained_on"]:
+            if entry["state"] == CHANGED:
+                lines.append(
+                    f"  it was trained on a replaced version of partition {entry['partition']}: {entry['why']}"
+                )
+            elif entry["state"] == GONE:
+                lines.append(f"  it was trained on partition {entry['partition']}, since gone: {entry['why']}")
+        if via["retrain"]:
+            lines.append(f"  retrain it ({CONSEQUENCE}):")
+            lines += [f"    {command}" for command in via["retrain"]]
+    return lines
+
+
 def format_affected(result: dict[str, Any]) -> str:
     target = result["affected_by"]
     artifacts, deployments = result["artifacts"], result["deployments"]
@@ -284,6 +317,7 @@ def format_affected(result: dict[str, Any]) -> str:
                 + ("  SERVING NOW" if PRODUCTION in serving_on else "")
                 + "".join(f"  (named by {p} now)" for p in serving_on if p != PRODUCTION)
             )
+        lines += format_via_tokenizer(result)
         if not any(d.get("pointer", PRODUCTION) == PRODUCTION for d in deployments):
             lines.append(f"none of them was ever deployed to {PRODUCTION}")
         pointers = list(dict.fromkeys(d.get("pointer", PRODUCTION) for d in deployments))

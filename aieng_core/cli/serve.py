@@ -11,13 +11,14 @@ from aieng_core.store.request_log import default_request_log
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from aieng_core.config import load_config
+    from aieng_core.config import load_config, resolve_config_path
     from aieng_core.serving.http.server import run_server
 
     if args.pointer is not None and not args.deployment:
         raise ValueError("--pointer names the deployment pointer to follow: use it with --deployment current")
     pointer = validate_pointer_name(args.pointer or PRODUCTION)
     home = resolve_home(args.home)
+    config_path = resolve_config_path(args.config)  # the server re-reads it on each scrape (aieng_config_valid)
     if args.no_request_log:
         request_log = None
     else:
@@ -26,12 +27,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         bundle_path=Path(args.bundle) if args.bundle else None,
         host=args.host,
         port=args.port,
-        config=load_config(args.config),
+        config=load_config(config_path),
         log_level=args.log_level,
         follow_home=home if args.deployment else None,
         pointer=pointer,
         request_log=request_log,
         request_log_given=args.request_log is not None,
+        config_path=config_path,
     )
 
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import ValidationError, model_validator
 from pydantic_core import ErrorDetails
 
+from aieng_core.config.landing_section import LandingConfig
 from aieng_core.config.pipeline_sections import (
     DataConfig,
     DatasetConfig,
@@ -29,11 +31,13 @@ from aieng_core.config.serving_sections import (
     GateConfig,
     ServingConfig,
 )
+from aieng_core.config.store_sections import StoreConfig
 from aieng_core.hashing import sha256_json
 
 __all__ = [
     "DEFAULT_CONFIG",
     "DEFAULT_GOLDEN_PROMPTS",
+    "TRACEBACK_ENV",
     "AiengConfig",
     "BenchmarkConfig",
     "BundleConfig",
@@ -41,19 +45,32 @@ __all__ = [
     "DataConfig",
     "DatasetConfig",
     "GateConfig",
+    "LandingConfig",
     "ModelConfig",
     "ServingConfig",
+    "StoreConfig",
     "TokenizerConfig",
     "TrainingConfig",
     "load_config",
     "resolve_config_path",
+    "traceback_requested",
 ]
 
 DEFAULT_CONFIG = "configs/pipeline.yaml"
 
 
+# Set (to anything but 0), the `aieng` CLI and a Dagster CLI command that loads the code location
+# show the traceback of an error they otherwise print as one line (orchestration/load_errors.py).
+TRACEBACK_ENV = "AIENG_TRACEBACK"
+
+
 class ConfigError(ValueError):
-    """The configuration file is missing, unreadable or invalid."""
+    """The configuration file is missing, unreadable or invalid. Its message is one line that
+    names the file and the key: what a command prints, with no traceback around it."""
+
+
+def traceback_requested() -> bool:
+    return os.environ.get(TRACEBACK_ENV, "") not in ("", "0")
 
 
 class AiengConfig(Section):
@@ -66,6 +83,8 @@ class AiengConfig(Section):
     serving: ServingConfig = ServingConfig()
     benchmark: BenchmarkConfig = BenchmarkConfig()
     gate: GateConfig = GateConfig()
+    store: StoreConfig = StoreConfig()
+    landing: LandingConfig = LandingConfig()
 
     @model_validator(mode="after")
     def _context_fits_model(self) -> AiengConfig:
@@ -82,11 +101,17 @@ class AiengConfig(Section):
                 )
         return self
 
+    def section_values(self, *names: str) -> dict[str, Any]:
+        """`{name: values}` of the sections an artifact reads, as JSON: what section_sha256
+        hashes, and what a recipe records so `aieng store rebuild` can use these very values
+        after the YAML has changed."""
+        return {name: getattr(self, name).model_dump(mode="json") for name in names}
+
     def section_sha256(self, *names: str) -> str:
         """Hash of the sections an artifact reads: it depends on nothing else in the file."""
-        if len(names) == 1:
-            return sha256_json(getattr(self, names[0]).model_dump(mode="json"))
-        return sha256_json({name: getattr(self, name).model_dump(mode="json") for name in names})
+        values = self.section_values(*names)
+        # One section is hashed bare (not under its name): the ids of existing artifacts keep it.
+        return sha256_json(values[names[0]] if len(names) == 1 else values)
 
 
 def resolve_config_path(path: str | os.PathLike | None = None) -> Path:

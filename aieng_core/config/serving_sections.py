@@ -189,6 +189,14 @@ class GateConfig(Section):
         ge=1,
         description="Speed comparison: rounds of candidate then deployed bundle (ABAB...), each in a fresh server.",
     )
+    compare_max_rounds: int = Field(
+        default=4,
+        ge=1,
+        description=(
+            "Speed comparison: rounds are added one at a time, up to this many, while the answer is open (the "
+            "median ratio above the limit, its interval reaching below it); never fewer than compare_rounds."
+        ),
+    )
     compare_requests: int = Field(
         default=24, ge=2, description="Speed comparison: requests per bundle per round (closed loop)."
     )
@@ -209,6 +217,17 @@ class GateConfig(Section):
     )
     drill_clients: int = Field(
         default=2, ge=1, description="Rollback drill: clients sending light traffic while the drill pointer switches."
+    )
+    retrain: Literal["on_new_data", "cron", "manual"] = Field(
+        default="on_new_data",
+        description=(
+            "When model_checkpoint -> benchmark_report -> serving_bundle run by themselves (declarative automation, "
+            "with the daemon running): on_new_data, when the dataset manifest changed and the last training "
+            "started at least retrain_min_interval_minutes ago; cron, on retrain_cron; manual, never."
+        ),
+    )
+    retrain_min_interval_minutes: int = Field(
+        default=60, ge=0, description="on_new_data: the least time between the starts of two trainings."
     )
     retrain_cron: str = Field(
         default="0 3 * * 1",

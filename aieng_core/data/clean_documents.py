@@ -24,6 +24,7 @@ from aieng_core.config import AiengConfig, DataConfig
 from aieng_core.data import reasons
 from aieng_core.data.cleaning import ExcessiveCombiningMarks, clean_text, is_blank
 from aieng_core.data.contract import validate_batch
+from aieng_core.data.empty_day import has_no_data
 from aieng_core.data.raw_documents import KIND as RAW_KIND
 from aieng_core.data.raw_documents import snapshot_files
 from aieng_core.data.readers import LandedFile, RawRecord, ReadLimits
@@ -259,14 +260,17 @@ def build_clean_documents(
         kind=KIND,
         code_version=CODE_VERSION,
         config_sha256=config.section_sha256("data"),
+        config_sections=config.section_values("data"),
         partition=partition,
         inputs=((RAW_KIND, raw.id),),
     )
 
     def produce(staging: Path) -> Produced:
-        return clean_partition(
+        produced = clean_partition(
             snapshot_files(store.check_input(raw)), config.data, staging, logger, f"{KIND} {partition}"
         )
+        # An empty day stays visibly empty downstream (zero rows, not a failed read).
+        return Produced(produced.content_sha256, {**produced.metrics, "no_data": has_no_data(raw)}, produced.extra)
 
     return store.build(spec, produce, run, logger)
 

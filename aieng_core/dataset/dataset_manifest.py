@@ -27,12 +27,14 @@ import numpy as np
 
 from aieng_core import asset_keys
 from aieng_core.config import AiengConfig
+from aieng_core.data.empty_day import has_no_data
 from aieng_core.data.tables import TOKENS_FILE, iter_batches
 from aieng_core.dataset.consistency import staleness
 from aieng_core.dataset.split import METHOD, TRAIN, VALIDATION, split_of
 from aieng_core.faults import crash_point
 from aieng_core.hashing import sha256_file, sha256_json
 from aieng_core.store import Artifact, ArtifactNotFound, ArtifactSpec, ArtifactStore, Produced, RunInfo
+from aieng_core.store.file_lock import exclusive_lock
 
 TOKENIZER_KIND = asset_keys.BPE_TOKENIZER
 TOKENIZED_KIND = asset_keys.TOKENIZED_DOCUMENTS
@@ -95,6 +97,17 @@ def write_split_tokens(
 def build_dataset_manifest(
     store: ArtifactStore, config: AiengConfig, run: RunInfo = RunInfo(), logger: Any = log
 ) -> Artifact:
+    """The manifest of every tokenized partition current now. Builds run one at a time, each
+    reading the refs once it holds the lock: ingest runs of several days finish in any order,
+    and the last manifest made (the current one) lists every partition tokenized before it."""
+    with exclusive_lock(
+        store.home / "work" / "locks" / f"{KIND}.lock",
+        on_wait=lambda: logger.info(f"{KIND}: waiting for another build of the dataset manifest to finish"),
+    ):
+        return _build_dataset_manifest(store, config, run, logger)
+
+
+def _build_dataset_manifest(store: ArtifactStore, config: AiengConfig, run: RunInfo, logger: Any) -> Artifact:
     tokenizer = store.require_current(TOKENIZER_KIND)
     partitions = store.current_partitions(TOKENIZED_KIND)
     if not partitions:
@@ -116,6 +129,7 @@ def build_dataset_manifest(
         kind=KIND,
         code_version=CODE_VERSION,
         config_sha256=config.section_sha256("dataset"),
+        config_sections=config.section_values("dataset"),
         inputs=((TOKENIZER_KIND, tokenizer.id), *((TOKENIZED_KIND, tokenized[p].id) for p in partitions)),
     )
 
@@ -145,10 +159,13 @@ def build_dataset_manifest(
                         "tokens": artifact.metrics["tokens"],
                         "sha256": artifact.content_sha256,
                         **counts,
+                        # Recorded only when true: a dataset without empty days keeps its data version.
+                        **({"no_data": True} if has_no_data(artifact) else {}),
                     }
                 )
                 crash_point("dataset_manifest.partition_split")
-        totals = {key: sum(entry[key] for entry in entries) for key in entries[0] if key not in ("partition", "sha256")}
+        totals = {key: sum(entry[key] for entry in entries) for key in ("rows", "tokens", *counts)}
+        without_data = [entry["partition"] for entry in entries if entry.get("no_data")]
         content = {
             "partitions": entries,
             "tokenizer_sha256": tokenizer.content_sha256,
@@ -172,10 +189,13 @@ def build_dataset_manifest(
             "artifacts": {partition: tokenized[partition].id for partition in partitions},
         }
         (staging / DATASET_FILE).write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        logger.info(f"{KIND}: {len(entries)} partitions, {totals['rows']} documents, {totals['tokens']} tokens")
+        logger.info(
+            f"{KIND}: {len(entries)} partitions ({len(without_data)} without data), {totals['rows']} documents, "
+            f"{totals['tokens']} tokens"
+        )
         return Produced(
             content_sha256=sha256_json(content),
-            metrics={"partitions": len(entries), **totals},
+            metrics={"partitions": len(entries), "partitions_without_data": without_data, **totals},
             extra={"tokenizer_id": tokenizer.id},
         )
 

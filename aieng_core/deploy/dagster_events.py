@@ -36,6 +36,7 @@ DAGSTER_URL_ENV = "AIENG_DAGSTER_URL"  # e.g. http://127.0.0.1:3000 (`make dev`)
 TIMEOUT_S = 2.0
 ENDPOINT = "/report_asset_materialization/"
 SENSOR = "deployment_pointer_sensor"  # orchestration/sensors.py: records what was not reported
+VERDICT_CHARS = 120  # one line on the asset page
 
 
 def dagster_url() -> str | None:
@@ -53,6 +54,7 @@ def event_metadata(event: dict[str, Any], reported_by: str) -> dict[str, Any]:
     """The metadata of the materialization recording `event` (a pointer history event): plain
     JSON values, the same whoever records it (the CLI, or the sensor)."""
     metadata: dict[str, Any] = {
+        "verdict": event_verdict(event, reported_by),  # the one line the asset page shows first
         "bundle_id": event["to"] or "none",  # what the pointer names after the change
         "sequence": event["sequence"],
         "action": event["action"],
@@ -69,6 +71,16 @@ def event_metadata(event: dict[str, Any], reported_by: str) -> dict[str, Any]:
         metadata["allow_withdrawn"] = bool(event["allow_withdrawn"])
     metadata["history_event"] = {key: value for key, value in event.items() if key != "figures"}
     return metadata
+
+
+def event_verdict(event: dict[str, Any], reported_by: str) -> str:
+    """`rollback by aieng deploy rollback: production serves A (sequence 3, was B)`, at most
+    VERDICT_CHARS long (the gate's own materializations say promoted or refused the same way)."""
+    line = (
+        f"{event['action']} by {reported_by}: {event['pointer']} serves {event['to'] or 'nothing'} "
+        f"(sequence {event['sequence']}, was {event['from'] or 'none'})"
+    )
+    return line if len(line) <= VERDICT_CHARS else line[: VERDICT_CHARS - 1] + "…"
 
 
 def event_description(event: dict[str, Any], reported_by: str) -> str:

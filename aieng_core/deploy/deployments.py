@@ -14,6 +14,7 @@ import getpass
 import logging
 import os
 import socket
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from aieng_core.store.pointers import (
     Pointer,
     unapplied_sequences,
 )
+from aieng_core.store.recipes import recipe_path
 
 __all__ = [
     "BundleWithdrawn",
@@ -188,13 +190,23 @@ class Deployments:
         fields = _event_fields(actor, reason, figures, dagster_run_id)
         if not isinstance(allow_withdrawn, bool):
             raise DeploymentError(f"allow_withdrawn must be True or False, not {allow_withdrawn!r}")
-        artifact = self._bundle(bundle_id, f"cannot promote {bundle_id!r} on {self.pointer}")
+        refusal = f"cannot promote {bundle_id!r} on {self.pointer}"
+        artifact = self._bundle(bundle_id, refusal)
         # Fail fast, before the slow verification; both are checked again under the lock.
         self._refuse_current(self.current(), bundle_id)
         if not allow_withdrawn:
             self.refuse_withdrawn(bundle_id)
-        if verify:
-            self._verify(artifact, f"refusing to promote {KIND} {artifact.id} on {self.pointer}")
+        # Held from before it is verified until the pointer names it: until then no root
+        # reaches it, and `aieng store gc` must not take it meanwhile.
+        with self._hold(artifact, refusal):
+            if verify:
+                self._verify(artifact, f"refusing to promote {KIND} {artifact.id} on {self.pointer}")
+            return self._commit_promote(artifact, expected_sequence, allow_withdrawn, fields)
+
+    def _commit_promote(
+        self, artifact: Artifact, expected_sequence: int | None, allow_withdrawn: bool, fields: dict[str, Any]
+    ) -> dict[str, Any]:
+        bundle_id = artifact.id
         # Verification reads only the immutable bundle, so it runs outside the lock.
         with self.files.locked():
             history, current = self.files.read_history(warn=False), self.current()
@@ -234,13 +246,19 @@ class Deployments:
         drill on a first deployment). Returns the history event; refusals raise
         DeploymentError and change nothing."""
         fields = _event_fields(actor, reason, figures, dagster_run_id)
+        with ExitStack() as holds:  # the target, held until the pointer names it (see promote)
+            return self._rollback(holds, allow_empty, verify, fields)
+
+    def _rollback(self, holds: ExitStack, allow_empty: bool, verify: bool, fields: dict[str, Any]) -> dict[str, Any]:
         checked: str | None = None
         if verify:
             history, current, unapplied = self.files.snapshot()
             withdrawn = withdrawn_from(_applied(history.events, unapplied))
             checked = self._rollback_plan(current, withdrawn, allow_empty)[0]
             if checked is not None:
-                artifact = self._bundle(checked, f"cannot roll {self.pointer} back to {checked!r}")
+                refusal = f"cannot roll {self.pointer} back to {checked!r}"
+                artifact = self._bundle(checked, refusal, deployed=True)
+                holds.enter_context(self._hold(artifact, refusal))
                 self._verify(artifact, f"refusing to roll {self.pointer} back to {KIND} {checked}")
         with self.files.locked():
             # Both files are read (and checked) first: a damaged one refuses every change.
@@ -253,15 +271,18 @@ class Deployments:
                 )
             path: str | None = None
             if target is not None:
-                artifact = self._bundle(target, f"cannot roll {self.pointer} back to {target!r}")
+                refusal = f"cannot roll {self.pointer} back to {target!r}"
+                artifact = self._bundle(target, refusal, deployed=True)
+                holds.enter_context(self._hold(artifact, refusal))
                 path = os.path.abspath(artifact.path)
             fields["withdrawn"] = current["bundle_id"]
             fields["skipped_withdrawn"] = skipped
             return self.files.commit(history, "rollback", current, target, path, stack, fields)
 
     # ---- internals --------------------------------------------------------------------------
-    def _bundle(self, bundle_id: Any, refusal: str) -> Artifact:
-        """The serving_bundle artifact `bundle_id`, or a DeploymentError starting `refusal`."""
+    def _bundle(self, bundle_id: Any, refusal: str, deployed: bool = False) -> Artifact:
+        """The serving_bundle artifact `bundle_id`, or a DeploymentError starting `refusal`.
+        `deployed`: the pointer's stack names it (a rollback target), so it was in the store."""
         try:
             validate_name(bundle_id, "bundle id")
             artifact = self.store.get(KIND, bundle_id)
@@ -275,9 +296,26 @@ class Deployments:
             except ArtifactNotFound:
                 pass
             missing = self.store.artifact_dir(KIND, bundle_id) / MANIFEST
+            # `aieng bundle build` bundles the current model and config, another recipe and so
+            # another id: only `aieng store rebuild` brings back this very bundle, from its recipe.
+            restore = (
+                f"restore {missing.parent}/ from a backup (`aieng store gc` never deletes a bundle a pointer "
+                "can roll back to)"
+            )
+            if not deployed:
+                remedy = "`aieng bundle build` builds one, `aieng bundle current` names the newest"
+            elif recipe_path(self.store.home, KIND, bundle_id).is_file():
+                remedy = (
+                    f"it is gone from the store: `aieng store rebuild {bundle_id}` rebuilds that exact bundle from "
+                    "its recorded recipe (`aieng bundle build` would build a new bundle, with a new id), or " + restore
+                )
+            else:
+                remedy = (
+                    "it is gone from the store and no recipe for it is recorded, so neither `aieng store rebuild` "
+                    "nor `aieng bundle build` (a new bundle, with a new id) can bring it back: " + restore
+                )
             raise DeploymentError(
-                f"{refusal}: no {KIND} {bundle_id!r} in {self.store.root / KIND} ({missing} is missing){hint}; "
-                "`aieng bundle build` builds one, `aieng bundle current` names the newest"
+                f"{refusal}: no {KIND} {bundle_id!r} in {self.store.root / KIND} ({missing} is missing){hint}; {remedy}"
             ) from None
         except ArtifactIntegrityError as exc:
             raise DeploymentError(f"{refusal}: {exc}") from None
@@ -288,6 +326,15 @@ class Deployments:
                 "(a bundle copied under another id)"
             )
         return artifact
+
+    def _hold(self, artifact: Artifact, refusal: str) -> ExitStack:
+        """store.hold(artifact), refused with a DeploymentError if it left the store meanwhile."""
+        holds = ExitStack()
+        try:
+            holds.enter_context(self.store.hold(artifact))
+        except ArtifactNotFound as exc:
+            raise DeploymentError(f"{refusal}: {exc}; nothing changed") from None
+        return holds
 
     def _bundle_summary(self, bundle_id: str) -> dict[str, Any]:
         path = self.store.artifact_dir(KIND, bundle_id)

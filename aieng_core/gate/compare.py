@@ -13,7 +13,10 @@ both members of a pair alike, where turns of seconds each would hand it to one s
 
 The decision (speed_statistics.py): the candidate fails only when the confidence interval
 (`gate.compare_confidence`) of its median end-to-end latency over the deployed bundle's lies
-wholly above 1 + `gate.max_regression`. Figures measured when the deployed bundle was
+wholly above 1 + `gate.max_regression`. When the answer is open after `gate.compare_rounds`
+(the median ratio is above the limit but the interval still reaches below it, as on a saturated
+machine) another round is served, up to `gate.compare_max_rounds`: more pairs narrow the
+interval where it matters, and a clear answer costs nothing extra. Figures measured when the deployed bundle was
 promoted, under another load, are never compared with: that was noise posing as a regression.
 The absolute SLOs are the stress step's.
 
@@ -24,6 +27,7 @@ said in the figures and does not stop the candidate.
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -31,13 +35,15 @@ from typing import Any
 from aieng_core.asset_keys import SERVING_BUNDLE
 from aieng_core.config import AiengConfig
 from aieng_core.gate.report import GateFailed
-from aieng_core.gate.speed_statistics import decide
+from aieng_core.gate.speed_statistics import decide, open_question
 from aieng_core.store import ArtifactIntegrityError, ArtifactNotFound, ArtifactStore
 
 CANDIDATE, DEPLOYED = "candidate", "deployed"
 SIDES = (CANDIDATE, DEPLOYED)
 WARMUP_NEW_TOKENS = 2
 MIN_PAIRS = 2  # per round: fewer, and there is no comparison to make
+
+log = logging.getLogger("aieng.gate")
 
 
 def _requests_for(bundle_path: Path, texts: list[tuple[str, int]]) -> list[Any]:
@@ -150,6 +156,7 @@ def compare_step(
     from aieng_core.gate.stress import stress_requests
 
     gate = config.gate
+    confidence = gate.compare_confidence
     figures: dict[str, Any] = {
         "deployed_bundle_id": deployed_id,
         "rounds": gate.compare_rounds,
@@ -178,7 +185,13 @@ def compare_step(
     env = server_env(home, config_path)
     turns: list[dict[str, Any]] = []
     latencies: list[dict[str, list[float]]] = []
-    for number in range(1, gate.compare_rounds + 1):
+    decision: dict[str, Any] = {}
+    for number in range(1, max(gate.compare_rounds, gate.compare_max_rounds) + 1):
+        if number > gate.compare_rounds:
+            decision = decide([(m[CANDIDATE], m[DEPLOYED]) for m in latencies], gate.max_regression, confidence)
+            if not open_question(decision):  # a clear answer either way stops here
+                break
+            log.info(f"compare: inconclusive after {number - 1} rounds ({decision['verdict']}); one more round")
         logs = {side: work_dir / f"compare-round{number}-{side}.log" for side in SIDES}
         try:
             start_order = SIDES if number % 2 == 1 else SIDES[::-1]
@@ -203,8 +216,8 @@ def compare_step(
                 }
             )
     rounds = [(m[CANDIDATE], m[DEPLOYED]) for m in latencies]
-    decision = decide(rounds, gate.max_regression, gate.compare_confidence)
-    figures.update(compared=True, turns=turns, decision=decision)
+    decision = decide(rounds, gate.max_regression, confidence)
+    figures.update(compared=True, turns=turns, decision=decision, rounds=len(rounds))
     figures["note"] = f"candidate vs deployed {deployed_id}, served in this run: {decision['verdict']}"
     figures["e2el_ms_median"] = {
         side: _median([value for m in latencies for value in m[side]]) for side in (CANDIDATE, DEPLOYED)

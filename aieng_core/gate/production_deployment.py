@@ -61,8 +61,8 @@ from aieng_core.store.pointers import deployments_dir
 KIND = asset_keys.PRODUCTION_DEPLOYMENT
 BUNDLE_KIND = asset_keys.SERVING_BUNDLE
 # v3: a quality step; speed compared served, interleaved, with an interval (not against recorded
-# figures); withdrawn bundles refused.
-CODE_VERSION = "production_deployment-v3"
+# figures); withdrawn bundles refused. v4: an open speed answer earns more rounds (compare_max_rounds).
+CODE_VERSION = "production_deployment-v4"
 PROMOTE_REASON = "gate passed"
 GATE_LOCK = ".gate.lock"  # under $AIENG_HOME/deployments/: held for a whole gate
 

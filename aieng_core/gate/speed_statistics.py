@@ -59,6 +59,13 @@ def paired_bootstrap(
     return float(low), float(high)
 
 
+def open_question(decision: dict[str, Any]) -> bool:
+    """Whether `decision` leaves the answer open: the candidate's median is slower than the
+    limit allows, but its interval still reaches below the limit (noise not ruled out). Only
+    then is one more round worth serving (compare.py); a clear pass or failure stops."""
+    return not decision["regression"] and decision["ratio"] > decision["limit"]
+
+
 def decide(
     rounds: Sequence[tuple[Sequence[float], Sequence[float]]], max_regression: float, confidence: float
 ) -> dict[str, Any]:

@@ -36,8 +36,10 @@ def verify_step(bundle_path: Path, bundle_id: str) -> dict[str, Any]:
         raise GateFailed(
             "verify",
             "problems",
-            f"{problems[0]}{more}; `aieng bundle verify {bundle_path}` lists every problem, "
-            "`aieng bundle build` rebuilds the bundle",
+            f"{problems[0]}{more}; `aieng bundle verify {bundle_path}` lists every problem; "
+            # `aieng bundle build` bundles the current model and config (maybe another id); the
+            # recorded recipe gives back this very candidate, the damaged copy moved aside.
+            f"`aieng store rebuild {bundle_id}` rebuilds this exact bundle from its recorded recipe",
             value=len(problems),
             limit=0,
             figures=figures,

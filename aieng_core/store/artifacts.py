@@ -8,6 +8,12 @@ after re-hashing its files against the manifest. The content hash of what was wr
 
 "Current" pointers (refs/<asset_key>/<partition>.json) say which artifact each partition
 of each asset is at now; downstream steps and the CLI read them.
+
+`aieng store gc` (store/gc.py) deletes what nothing reaches; two locks keep it off what a
+writer is using. A build holds each of its inputs (`hold`: a shared flock on its
+manifest.json, which gc never takes from anyone) for the whole build, and takes the store's
+gc lock shared (`writing`) around the moments an artifact is reachable from no ref yet: the
+reuse check until its ref is set, and the rename that publishes a new one until its ref is set.
 """
 
 from __future__ import annotations
@@ -16,95 +22,35 @@ import datetime as dt
 import json
 import logging
 import os
-import re
 import stat
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aieng_core.faults import crash_point
 from aieng_core.hashing import canonical_json, sha256_file, sha256_json
+from aieng_core.store.artifact_paths import (  # noqa: F401  (re-exported: the store's names)
+    NAME_PATTERN,
+    ArtifactNotFound,
+    InvalidArtifactName,
+    file_key_problem,
+    is_valid_name,
+    listed_file_problem,
+    validate_name,
+    walk_tree,
+)
 from aieng_core.store.atomic import TargetExists, atomic_directory, atomic_write_bytes
+from aieng_core.store.file_lock import held_file, shared_lock
 from aieng_core.store.provenance import git_commit, library_versions
+from aieng_core.store.recipes import record_recipe
 
 MANIFEST = "manifest.json"
 UNPARTITIONED = "_unpartitioned"
+GC_LOCK = ("work", "locks", "store-gc.lock")  # under $AIENG_HOME: gc exclusive, writers shared
 
 log = logging.getLogger("aieng.store")
-
-
-class ArtifactNotFound(LookupError):
-    pass
-
-
-class InvalidArtifactName(ArtifactNotFound, ValueError):
-    """A kind, artifact id or partition that may not be used as a path component."""
-
-
-# Kinds, ids and partitions become path components, and ids come from ref files and
-# manifests that anyone can edit by hand: only plain names, so none can leave the store.
-NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-
-
-def validate_name(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not is_valid_name(value):
-        raise InvalidArtifactName(
-            f"invalid {what} {value!r}: expected letters, digits, '.', '_' or '-' (no '..'), at most 128"
-        )
-    return value
-
-
-def is_valid_name(value: str) -> bool:
-    return bool(NAME_PATTERN.fullmatch(value)) and ".." not in value
-
-
-def file_key_problem(key: Any) -> str | None:
-    """Why a manifest `files` key is not a plain relative path inside the artifact, or None.
-
-    Keys are checked as text before any path is built from them, so a hand-edited manifest
-    cannot make verify() read (or hash) anything outside the artifact directory.
-    """
-    if not isinstance(key, str) or not key:
-        return "is not a non-empty string"
-    if "\x00" in key or "\\" in key:
-        return "contains a NUL or a backslash"
-    if key.startswith("/"):
-        return "is an absolute path"
-    if any(part in ("", ".", "..") for part in key.split("/")):
-        return "has an empty, '.' or '..' component"
-    try:
-        key.encode("utf-8")
-    except UnicodeEncodeError:
-        return "is not valid UTF-8"
-    return None
-
-
-def _listed_file_problem(root: Path, key: str) -> str | None:
-    """Why the listed (well-formed) key is not a regular file reached without links, or None."""
-    path = root
-    for part in key.split("/"):
-        path = path / part
-        try:
-            info = path.lstat()
-        except FileNotFoundError:
-            return "is missing"
-        except OSError as exc:
-            return f"cannot be examined ({exc.strerror})"
-        if stat.S_ISLNK(info.st_mode):
-            return "goes through a symbolic link"
-    if not stat.S_ISREG(info.st_mode):
-        return "is not a regular file"
-    return None
-
-
-def walk_tree(root: Path) -> Iterator[tuple[str, Path, os.stat_result]]:
-    """(relative posix path, path, lstat) of every entry under root, never following a
-    symbolic link (os.walk lists a linked directory but does not descend into it)."""
-    for directory, dirnames, filenames in os.walk(root):
-        for name in sorted(dirnames + filenames):
-            path = Path(directory) / name
-            yield path.relative_to(root).as_posix(), path, path.lstat()
 
 
 class ArtifactIntegrityError(RuntimeError):
@@ -115,9 +61,15 @@ class DamagedInput(ArtifactIntegrityError):
     """An upstream artifact a step is about to build from does not match its manifest."""
 
 
-def rebuild_command(kind: str, partition: str | None) -> str:
+def rebuild_command(kind: str, partition: str | None, artifact_id: str | None = None) -> str:
+    """How to get an artifact built. With `artifact_id`: `aieng store rebuild ID`, which rebuilds
+    that very artifact from its recorded recipe, then the Dagster command as the alternative (it
+    makes a new current artifact from the current inputs and config, which may be another id)."""
     where = f" --partition {partition}" if partition else ""
-    return f"dagster asset materialize -m orchestration.definitions --select {kind}{where}"
+    materialize = f"dagster asset materialize -m orchestration.definitions --select {kind}{where}"
+    if artifact_id is None:
+        return materialize
+    return f"aieng store rebuild {artifact_id}` (that exact artifact, from its recipe), or `{materialize}"
 
 
 @dataclass(frozen=True)
@@ -137,6 +89,9 @@ class ArtifactSpec:
     partition: str | None = None
     inputs: tuple[tuple[str, str], ...] = ()  # (kind, id) pairs
     recipe: dict[str, Any] = field(default_factory=dict)  # anything else that decides content
+    # The values of the config sections config_sha256 hashes ({section: values}), recorded in the
+    # recipe file so a rebuild can use them; not part of the id (config_sha256 already is).
+    config_sections: dict[str, Any] | None = field(default=None, compare=False)
 
     def recipe_sha256(self) -> str:
         return sha256_json(
@@ -201,6 +156,7 @@ class ArtifactStore:
         self.home = Path(home)
         self.root = self.home / "artifacts"
         self.refs = self.home / "refs"
+        self.gc_lock = self.home.joinpath(*GC_LOCK)
 
     # ---- reading -------------------------------------------------------------------------
     def artifact_dir(self, kind: str, artifact_id: str) -> Path:
@@ -249,7 +205,7 @@ class ArtifactStore:
         for key, expected in sorted(listed.items()):
             why = file_key_problem(key)
             if why is None:
-                why = _listed_file_problem(root, key)
+                why = listed_file_problem(root, key)
             if why is not None:
                 problems.append(f"{root}: manifest lists {key!r}, which {why}; not read")
             elif sha256_file(root / key) != expected:
@@ -282,7 +238,7 @@ class ArtifactStore:
             raise DamagedInput(
                 f"input {artifact.kind} artifact {artifact.id} is damaged ({'; '.join(problems[:3])}"
                 f"{'; ...' if len(problems) > 3 else ''}); rebuild it with "
-                f"`{rebuild_command(artifact.kind, partition)}`, then retry"
+                f"`{rebuild_command(artifact.kind, partition, artifact.id)}`, then retry"
             )
         return artifact
 
@@ -325,6 +281,28 @@ class ArtifactStore:
         # Temporary ref files and the unpartitioned ref start with "." or "_": not partitions.
         return sorted(p.stem for p in kind_dir.glob("*.json") if is_valid_name(p.stem))
 
+    # ---- in use: what `aieng store gc` must leave alone ---------------------------------------
+    @contextmanager
+    def hold(self, artifact: Artifact) -> Iterator[Artifact]:
+        """Keep `aieng store gc` off `artifact` for the block (a build's inputs, the bundle a
+        server serves, a bundle being promoted). ArtifactNotFound when it is not (any longer)
+        in the store."""
+        held = ExitStack()
+        try:
+            held.enter_context(held_file(artifact.path / MANIFEST))
+        except FileNotFoundError:
+            raise ArtifactNotFound(
+                f"{artifact.kind} artifact {artifact.id} is not in the store (no {artifact.path / MANIFEST})"
+            ) from None
+        with held:
+            yield artifact
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        """The gc lock, shared: held while an artifact is in the store but no ref names it yet."""
+        with shared_lock(self.gc_lock, on_wait=lambda: log.info(f"waiting for `aieng store gc` ({self.gc_lock})")):
+            yield
+
     # ---- writing -------------------------------------------------------------------------
     def build(
         self,
@@ -335,10 +313,76 @@ class ArtifactStore:
     ) -> Artifact:
         """Reuse the artifact for `spec` if an intact one exists, else produce it atomically.
 
-        The new artifact also becomes the current one for its asset and partition.
+        The new artifact also becomes the current one for its asset and partition. Its inputs
+        are held (`hold`) for the whole build.
         """
+        with ExitStack() as holds:
+            for kind, input_id in spec.inputs:
+                path = self.artifact_dir(kind, input_id)
+                # One not in the store (a made-up id; one gc took before this build began) cannot
+                # be held: the builder finds it missing when it reads it.
+                if (path / MANIFEST).is_file():
+                    holds.enter_context(self.hold(Artifact(kind, input_id, path, {})))
+            return self._build(spec, produce, run, logger)
+
+    def _build(
+        self, spec: ArtifactSpec, produce: Callable[[Path], Produced], run: RunInfo, logger: logging.Logger | Any
+    ) -> Artifact:
         artifact_id = spec.artifact_id()
         target = self.artifact_dir(spec.kind, artifact_id)
+        with self.writing():  # from the reuse check until its ref is set: never only in gc's view
+            reused = self._reuse(spec, artifact_id, target, logger)
+        if reused is not None:
+            self._record_recipe(spec, reused)
+            return reused
+        publishing = ExitStack()  # the gc lock, from the rename until the ref is set
+        try:
+            with publishing:
+                with atomic_directory(target) as staging:
+                    manifest = self._produce(spec, artifact_id, staging, produce, run)
+                    crash_point(f"artifact.staged:{spec.kind}")
+                    publishing.enter_context(self.writing())
+                artifact = Artifact(spec.kind, artifact_id, target, manifest, reused=False)
+                crash_point(f"artifact.published:{spec.kind}")
+                self.set_current(artifact)
+            self._record_recipe(spec, artifact)
+            return artifact
+        except TargetExists as exc:
+            if exc.target != target:  # the builder's own atomic write (a checkpoint, say) lost a race
+                raise
+            # A concurrent writer finished the same recipe first: its artifact is equivalent.
+            with self.writing():
+                existing = self.check(self.get(spec.kind, artifact_id))
+                artifact = Artifact(spec.kind, artifact_id, target, existing.manifest, reused=True)
+                self.set_current(artifact)
+            self._record_recipe(spec, artifact)
+            return artifact
+
+    def _record_recipe(self, spec: ArtifactSpec, artifact: Artifact) -> None:
+        """Keep what decided `artifact` beyond the artifact itself (store/recipes.py)."""
+        manifest = artifact.manifest
+        record_recipe(
+            self.home,
+            {
+                "kind": spec.kind,
+                "id": artifact.id,
+                "partition": spec.partition,
+                "code_version": spec.code_version,
+                "config_sha256": spec.config_sha256,
+                "config_sections": spec.config_sections,
+                "inputs": [{"kind": kind, "id": input_id} for kind, input_id in spec.inputs],
+                "recipe": spec.recipe,
+                "content_sha256": manifest.get("content_sha256"),
+                "created_at": manifest.get("created_at"),
+                "git_commit": manifest.get("git_commit"),
+            },
+        )
+
+    def _reuse(
+        self, spec: ArtifactSpec, artifact_id: str, target: Path, logger: logging.Logger | Any
+    ) -> Artifact | None:
+        """The intact artifact already at `target`, made current; None when there is none (a
+        damaged one is moved aside)."""
         if target.exists():
             try:
                 existing = self.get(spec.kind, artifact_id)
@@ -355,51 +399,40 @@ class ArtifactStore:
                 f"{spec.kind} artifact {artifact_id} is damaged ({'; '.join(problems)}); moved to {aside}, rebuilding"
             )
             os.rename(target, aside)
+        return None
 
-        try:
-            with atomic_directory(target) as staging:
-                produced = produce(staging)
-                files = {}
-                for relative, path, info in walk_tree(staging):
-                    if stat.S_ISDIR(info.st_mode):
-                        continue
-                    # Anything verify() would reject later must fail now, not on every reuse.
-                    why = file_key_problem(relative) or (
-                        None if stat.S_ISREG(info.st_mode) else "is not a regular file"
-                    )
-                    if why is not None:
-                        raise RuntimeError(f"{spec.kind} builder wrote {relative!r}, which {why}")
-                    files[relative] = sha256_file(path)
-                if MANIFEST in files:
-                    raise RuntimeError(f"{spec.kind} builder must not write {MANIFEST} itself")
-                manifest = {
-                    "kind": spec.kind,
-                    "id": artifact_id,
-                    "partition": spec.partition,
-                    "created_at": _now(),
-                    "code_version": spec.code_version,
-                    "config_sha256": spec.config_sha256,
-                    "recipe_sha256": spec.recipe_sha256(),
-                    "git_commit": git_commit(),
-                    "libraries": library_versions(),
-                    "dagster_run_id": run.dagster_run_id,
-                    "inputs": [{"kind": kind, "id": input_id} for kind, input_id in spec.inputs],
-                    "content_sha256": produced.content_sha256,
-                    "files": files,
-                    "metrics": produced.metrics,
-                    **produced.extra,
-                }
-                (staging / MANIFEST).write_bytes(json.dumps(manifest, indent=2, sort_keys=True).encode("utf-8"))
-                crash_point(f"artifact.staged:{spec.kind}")
-        except TargetExists as exc:
-            if exc.target != target:  # the builder's own atomic write (a checkpoint, say) lost a race
-                raise
-            # A concurrent writer finished the same recipe first: its artifact is equivalent.
-            existing = self.check(self.get(spec.kind, artifact_id))
-            artifact = Artifact(spec.kind, artifact_id, target, existing.manifest, reused=True)
-            self.set_current(artifact)
-            return artifact
-        artifact = Artifact(spec.kind, artifact_id, target, manifest, reused=False)
-        crash_point(f"artifact.published:{spec.kind}")
-        self.set_current(artifact)
-        return artifact
+    def _produce(
+        self, spec: ArtifactSpec, artifact_id: str, staging: Path, produce: Callable[[Path], Produced], run: RunInfo
+    ) -> dict[str, Any]:
+        """Run the builder in `staging`, then write the manifest of what it wrote."""
+        produced = produce(staging)
+        files = {}
+        for relative, path, info in walk_tree(staging):
+            if stat.S_ISDIR(info.st_mode):
+                continue
+            # Anything verify() would reject later must fail now, not on every reuse.
+            why = file_key_problem(relative) or (None if stat.S_ISREG(info.st_mode) else "is not a regular file")
+            if why is not None:
+                raise RuntimeError(f"{spec.kind} builder wrote {relative!r}, which {why}")
+            files[relative] = sha256_file(path)
+        if MANIFEST in files:
+            raise RuntimeError(f"{spec.kind} builder must not write {MANIFEST} itself")
+        manifest = {
+            "kind": spec.kind,
+            "id": artifact_id,
+            "partition": spec.partition,
+            "created_at": _now(),
+            "code_version": spec.code_version,
+            "config_sha256": spec.config_sha256,
+            "recipe_sha256": spec.recipe_sha256(),
+            "git_commit": git_commit(),
+            "libraries": library_versions(),
+            "dagster_run_id": run.dagster_run_id,
+            "inputs": [{"kind": kind, "id": input_id} for kind, input_id in spec.inputs],
+            "content_sha256": produced.content_sha256,
+            "files": files,
+            "metrics": produced.metrics,
+            **produced.extra,
+        }
+        (staging / MANIFEST).write_bytes(json.dumps(manifest, indent=2, sort_keys=True).encode("utf-8"))
+        return manifest

@@ -355,17 +355,20 @@ def _affected(store: ArtifactStore, index: StoreIndex, seeds: set[Key]) -> dict[
     return {"artifacts": artifacts, "deployments": deployments, "unreadable": index.unreadable}
 
 
-def affected_by_partition(store: ArtifactStore, partition: str) -> dict[str, Any]:
+def affected_by_partition(store: ArtifactStore, partition: str, index: StoreIndex | None = None) -> dict[str, Any]:
     """Every artifact of `partition` (of any kind, current or not) and everything built from
     them, with the production deployments of the bundles among them. A partition that is not
-    a YYYY-MM-DD date is a ValueError; one nothing was built from gives empty lists."""
+    a YYYY-MM-DD date is a ValueError; one nothing was built from gives empty lists. `index`:
+    an `index_store` of `store` the caller goes on to use (else one is made)."""
     parse_partition(partition)
-    index = index_store(store)
+    index = index if index is not None else index_store(store)
     seeds = {key for key, manifest in index.manifests.items() if manifest.get("partition") == partition}
     return {"affected_by": {"partition": partition}, **_affected(store, index, seeds)}
 
 
-def affected_by_file(store: ArtifactStore, path: str | os.PathLike[str]) -> dict[str, Any]:
+def affected_by_file(
+    store: ArtifactStore, path: str | os.PathLike[str], index: StoreIndex | None = None
+) -> dict[str, Any]:
     """Every raw_documents snapshot that read the landed file at `path`, and everything built
     from them. A source matches by its recorded path (compared resolved: links and `..`
     followed) and, while the file still exists, by its SHA-256 (the same bytes landed anywhere
@@ -377,7 +380,7 @@ def affected_by_file(store: ArtifactStore, path: str | os.PathLike[str]) -> dict
     wanted = {readable(Path(os.path.abspath(given))), readable(resolved)}
     exists = resolved.is_file()
     sha256 = sha256_file(resolved) if exists else None
-    index = index_store(store)
+    index = index if index is not None else index_store(store)
     matches = []
     seeds: set[Key] = set()
     for key, manifest in index.manifests.items():
@@ -408,9 +411,9 @@ def affected_by_file(store: ArtifactStore, path: str | os.PathLike[str]) -> dict
     return {"affected_by": target, **_affected(store, index, seeds)}
 
 
-def affected_by(store: ArtifactStore, target: str) -> dict[str, Any]:
+def affected_by(store: ArtifactStore, target: str, index: StoreIndex | None = None) -> dict[str, Any]:
     """`affected_by_partition` when `target` looks like a date (then it must be a valid
     YYYY-MM-DD), else `affected_by_file`."""
     if PARTITION_LIKE.fullmatch(target):
-        return affected_by_partition(store, target)
-    return affected_by_file(store, target)
+        return affected_by_partition(store, target, index)
+    return affected_by_file(store, target, index)

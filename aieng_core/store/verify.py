@@ -19,6 +19,9 @@
 Damage (a damaged artifact, a bad ref) makes `ok` false. Staging that no live writer owns is a
 warning, not damage: atomic writes make it invisible to every reader, it only takes space.
 Damaged copies that a rebuild moved aside (`.damaged-<id>-<time>`) are listed, never removed.
+What a killed `aieng store gc` left (`.gc-<id>-<time>`: an artifact it had begun deleting, no
+longer an artifact to any reader) is listed as `gc_leftovers`, not as damage; the next gc
+removes it.
 """
 
 from __future__ import annotations
@@ -39,23 +42,28 @@ from aieng_core.store.artifacts import (
     is_valid_name,
 )
 from aieng_core.store.atomic import is_temporary, owner_alive, remove_if_abandoned
+from aieng_core.store.gc import GC_PREFIX
+from aieng_core.store.pins import PINS_DIR
 from aieng_core.store.pointers import DEPLOYMENTS_DIR, DeploymentStateError, Pointer, pointer_names
+from aieng_core.store.recipes import RECIPES_DIR
 
 # The directories of $AIENG_HOME that aieng writes with atomic writes (raw/ is the landing
 # folder, written by programs we do not own; a DAGSTER_HOME inside the home is Dagster's).
-STATE_DIRS = ("artifacts", "refs", "work", DEPLOYMENTS_DIR)
+STATE_DIRS = ("artifacts", "refs", "work", DEPLOYMENTS_DIR, PINS_DIR, RECIPES_DIR)
 SET_ASIDE_PREFIX = ".damaged-"
 BUNDLE_KIND = asset_keys.SERVING_BUNDLE
 
 
 def verify_store(home: Path, gc: bool = False) -> dict[str, Any]:
     """`{ok, home, artifacts_checked, damaged, bad_refs, deployments, staging, removed,
-    stale_staging, set_aside, unexpected}`; see the module docstring."""
+    stale_staging, set_aside, gc_leftovers, unexpected}`; see the module docstring."""
     home = Path(home)
     if not home.is_dir():
         raise FileNotFoundError(f"AIENG_HOME {home} does not exist (set AIENG_HOME or --home)")
     store = ArtifactStore(home)
     damaged, intact, set_aside, unexpected = _check_artifacts(store)
+    gc_leftovers = [path for path in set_aside if Path(path).name.startswith(GC_PREFIX)]
+    set_aside = [path for path in set_aside if path not in gc_leftovers]
     bad_refs = _check_refs(store, intact, unexpected) + _check_pointers(store, intact)
     deployments = _check_deployed_bundles(store, damaged)
     staging: list[dict[str, Any]] = [
@@ -75,6 +83,7 @@ def verify_store(home: Path, gc: bool = False) -> dict[str, Any]:
         # What is left that no live writer owns: zero after --gc (unless a writer died meanwhile).
         "stale_staging": sum(1 for e in staging if not e["owner_alive"] and e["path"] not in removed),
         "set_aside": set_aside,
+        "gc_leftovers": gc_leftovers,
         "unexpected": unexpected,
     }
 
@@ -95,8 +104,8 @@ def _check_artifacts(
         for entry in sorted(kind_dir.iterdir()):
             if is_temporary(entry.name):
                 continue  # staging: find_staging lists it
-            if entry.name.startswith(SET_ASIDE_PREFIX):
-                set_aside.append(str(entry))
+            if entry.name.startswith((SET_ASIDE_PREFIX, GC_PREFIX)):
+                set_aside.append(str(entry))  # verify_store splits off gc's leftovers
             elif not (is_valid_name(entry.name) and _is_real_dir(entry)):
                 unexpected.append(str(entry))
             else:
@@ -288,5 +297,9 @@ def format_verify(result: dict[str, Any]) -> str:
     if result["stale_staging"]:
         lines.append(f"WARNING: {result['stale_staging']} stale staging entries left by writers that died")
     lines += [f"  damaged copy set aside (kept for inspection): {path}" for path in result["set_aside"]]
+    lines += [
+        f"  left by a gc that was stopped (not an artifact; the next `aieng store gc` removes it): {path}"
+        for path in result["gc_leftovers"]
+    ]
     lines += [f"  WARNING: not something aieng writes here: {path}" for path in result["unexpected"]]
     return "\n".join(lines)

@@ -16,10 +16,12 @@ from typing import Any
 
 from aieng_core import asset_keys
 from aieng_core.config import AiengConfig
+from aieng_core.data.empty_day import has_no_data
 from aieng_core.data.tables import CLEAN_FILE, iter_batches
 from aieng_core.hashing import sha256_file, sha256_json
 from aieng_core.progress import Progress
 from aieng_core.store import Artifact, ArtifactNotFound, ArtifactSpec, ArtifactStore, Produced, RunInfo
+from aieng_core.store.file_lock import exclusive_lock
 from aieng_core.tokenizer.bpe import (
     TOKENIZER_FILES,
     capped,
@@ -75,6 +77,10 @@ def round_trip_report(store: ArtifactStore, batch_rows: int, examples: int = 5) 
     }
 
 
+class NoCleanText(ArtifactNotFound):
+    """No current clean_documents partition holds any text (none ingested, or only empty days)."""
+
+
 def _pinned(store: ArtifactStore, config_sha256: str) -> Artifact | None:
     """The current tokenizer, if it was made by this code version and config."""
     current = store.current(KIND)
@@ -88,6 +94,19 @@ def _pinned(store: ArtifactStore, config_sha256: str) -> Artifact | None:
 def build_bpe_tokenizer(
     store: ArtifactStore, config: AiengConfig, retrain: bool = False, run: RunInfo = RunInfo(), logger: Any = log
 ) -> Artifact:
+    """The pinned tokenizer, else one trained now. One build at a time, the pin looked up once
+    the lock is held: ingest runs of several days started together (the landing sensor does)
+    all get the first one's tokenizer instead of each training its own."""
+    with exclusive_lock(
+        store.home / "work" / "locks" / f"{KIND}.lock",
+        on_wait=lambda: logger.info(f"{KIND}: waiting for another build of the tokenizer to finish"),
+    ):
+        return _build_bpe_tokenizer(store, config, retrain, run, logger)
+
+
+def _build_bpe_tokenizer(
+    store: ArtifactStore, config: AiengConfig, retrain: bool, run: RunInfo, logger: Any
+) -> Artifact:
     config_sha256 = config.section_sha256("tokenizer")
     pinned = None if retrain else _pinned(store, config_sha256)
     if pinned is not None and not store.verify(pinned):
@@ -99,16 +118,22 @@ def build_bpe_tokenizer(
         cleaned = [store.get(item["kind"], item["id"]) for item in pinned.manifest["inputs"]]
         partitions = [artifact.manifest["partition"] for artifact in cleaned]
     else:
-        partitions = store.current_partitions(CLEAN_KIND)
-        if not partitions:
-            raise ArtifactNotFound(
-                "bpe_tokenizer needs clean text: materialize clean_documents for at least one partition first"
+        # Empty days add nothing to learn from; leaving them out keeps the recipe what it was.
+        cleaned = [
+            artifact
+            for partition in store.current_partitions(CLEAN_KIND)
+            if not has_no_data(artifact := store.require_current(CLEAN_KIND, partition))
+        ]
+        if not cleaned:
+            raise NoCleanText(
+                "bpe_tokenizer needs clean text: materialize clean_documents for at least one partition with data first"
             )
-        cleaned = [store.require_current(CLEAN_KIND, partition) for partition in partitions]
+        partitions = [artifact.manifest["partition"] for artifact in cleaned]
     spec = ArtifactSpec(
         kind=KIND,
         code_version=CODE_VERSION,
         config_sha256=config_sha256,
+        config_sections=config.section_values("tokenizer"),
         inputs=tuple((CLEAN_KIND, artifact.id) for artifact in cleaned),
     )
     total_chars = sum(artifact.metrics["chars_clean"] for artifact in cleaned)

@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from aieng_core import asset_keys
 from aieng_core.config import AiengConfig
+from aieng_core.data.empty_day import has_no_data
 from aieng_core.data.tables import CLEAN_FILE, TOKENS_FILE, TOKENS_SCHEMA, iter_batches, parquet_writer
 from aieng_core.faults import crash_point
 from aieng_core.hashing import ColumnHasher
@@ -90,6 +91,7 @@ def build_tokenized_documents(
         kind=KIND,
         code_version=CODE_VERSION,
         config_sha256=config.section_sha256("tokenizer"),
+        config_sections=config.section_values("tokenizer"),
         partition=partition,
         inputs=((CLEAN_KIND, clean.id), (TOKENIZER_KIND, tokenizer.id)),
     )
@@ -106,7 +108,12 @@ def build_tokenized_documents(
             config.data.batch_rows,
             progress,
         )
-        metrics = {**produced.metrics, "tokenizer_id": tokenizer.id, "seconds": round(progress.elapsed, 3)}
+        metrics = {
+            **produced.metrics,
+            "tokenizer_id": tokenizer.id,
+            "seconds": round(progress.elapsed, 3),
+            "no_data": has_no_data(clean),
+        }
         return Produced(produced.content_sha256, metrics, extra={"tokenizer_id": tokenizer.id})
 
     return store.build(spec, produce, run, logger)

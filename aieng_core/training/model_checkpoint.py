@@ -125,6 +125,7 @@ def model_spec(config: AiengConfig, dataset: Artifact, tokenizer: Artifact) -> A
         kind=KIND,
         code_version=CODE_VERSION,
         config_sha256=config.section_sha256("model", "training"),
+        config_sections=config.section_values("model", "training"),
         inputs=((DATASET_KIND, dataset.id), (TOKENIZER_KIND, tokenizer.id)),
         # CUDA and CPU kernels round differently, and CPU reductions split their work by thread
         # count: the same recipe on another device or thread count is another model.

@@ -4,6 +4,7 @@ import dagster as dg
 
 from aieng_core.data import clean_documents as clean
 from aieng_core.data import raw_documents as raw
+from aieng_core.data.empty_day import LANDED, has_no_data
 from aieng_core.data.reasons import ALL_REASONS
 from aieng_core.data.report import quarantine_samples
 from aieng_core.data.tables import CLEAN_FILE, head
@@ -21,7 +22,10 @@ from orchestration.resources import AiengResource
     code_version=raw.CODE_VERSION,
     group_name="data",
     kinds={"jsonl", "csv", "parquet"},
-    description="Immutable snapshot of the files landed in $AIENG_HOME/raw/YYYY-MM-DD/, with their SHA-256.",
+    description=(
+        "Immutable snapshot of the files landed in $AIENG_HOME/raw/YYYY-MM-DD/, with their SHA-256. A folder "
+        "holding no data files is an empty day: zero files, no_data true."
+    ),
 )
 def raw_documents(context: dg.AssetExecutionContext, aieng: AiengResource) -> dg.MaterializeResult:
     store, config = aieng.store(), aieng.settings()
@@ -31,12 +35,19 @@ def raw_documents(context: dg.AssetExecutionContext, aieng: AiengResource) -> dg
         return {
             "files": len(sources),
             "bytes": artifact.metrics["bytes"],
+            "no_data": has_no_data(artifact),
+            "landing_folder": artifact.metrics.get("landing_folder", LANDED),
             "sources": table(sources, ["path", "size", "sha256"]),
             "ignored_files": ", ".join(artifact.manifest.get("ignored_files", [])) or "none",
         }
 
+    # Asked for alone, a day without a landing folder is refused (a mistyped date, most likely);
+    # inside a range it is an empty day, so it cannot fail the days around it.
+    absent_ok = len(context.partition_keys) > 1
     return materialize_partitions(
-        context, lambda p: raw.build_raw_documents(store, config, p, run_info(context), context.log), describe
+        context,
+        lambda p: raw.build_raw_documents(store, config, p, run_info(context), context.log, absent_ok=absent_ok),
+        describe,
     )
 
 
@@ -64,6 +75,7 @@ def clean_documents(context: dg.AssetExecutionContext, aieng: AiengResource) -> 
             "files": table(metrics["files"], ["name", "expected", "read", "count_source"]),
             "rows_clean": metrics["rows_clean"],
             "rows_quarantined": metrics["rows_quarantined"],
+            "no_data": has_no_data(artifact),
             **{f"quarantined_{reason}": metrics["reasons"][reason] for reason in ALL_REASONS},
             "clean_sample": table(head(artifact.file(CLEAN_FILE), 5), ["id", "text", "source_file", "line"]),
             "quarantine_sample": table(

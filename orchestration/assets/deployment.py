@@ -13,6 +13,7 @@ current (re-hash, load, goldens replayed: deploy/rollback_readiness.py); the sch
 every gate run of the `deploy` job too.
 """
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -33,18 +34,19 @@ BUNDLE_ID_TAG = "aieng/serving_bundle_id"
 # `true` on a run: gate (and promote) the current bundle even though a rollback withdrew it.
 ALLOW_WITHDRAWN_TAG = "aieng/allow_withdrawn"
 
+# The stress table's columns: few enough that five load levels fit the asset page's value
+# column (a wider table widens the whole metadata table, and every long value in it is then cut
+# at the page's edge). Every other figure of each level is in `figures`.
 LEVEL_COLUMNS = (
-    ("requests", "planned"),
     ("errors", "errors"),
     ("429", "rejected_429"),
-    ("P50 TTFT ms", ("ttft_ms", "p50")),
     ("P99 TTFT ms", ("ttft_ms", "p99")),
-    ("P99 TPOT ms", ("tpot_ms", "p99")),
-    ("P99 ITL ms", ("itl_ms", "p99")),
     ("P99 E2EL ms", ("e2el_ms", "p99")),
-    ("output tok/s", "output_throughput"),
-    ("good fraction", "good_fraction"),
+    ("tok/s", "output_throughput"),
 )
+# Per load level, the figures that get a numeric row of their own (plotted gate run after gate run).
+LEVEL_NUMBERS = (("ttft_p99_ms", ("ttft_ms", "p99")), ("e2el_p99_ms", ("e2el_ms", "p99")))
+VERDICT_CHARS = 120  # one line on the asset page
 
 
 def _cell(value: Any) -> str:
@@ -88,7 +90,15 @@ def _stress_rows(figures: dict[str, Any]) -> dict[str, Any]:
     levels = figures.get("levels")
     if not isinstance(levels, dict) or not levels:
         return {}
-    return {"stress_levels": dg.MetadataValue.md(levels_table(levels))}
+    rows: dict[str, Any] = {}
+    for level, values in levels.items():
+        slug = re.sub(r"[^a-z0-9]+", "_", str(level).lower()).strip("_")  # concurrency=4 -> concurrency_4
+        for name, path in LEVEL_NUMBERS:
+            value = _get(values, path) if isinstance(values, dict) else None
+            if _number(value):
+                rows[f"stress_{slug}_{name}"] = value
+    rows["stress_levels"] = dg.MetadataValue.md(levels_table(levels))
+    return rows
 
 
 def _number(value: Any) -> bool:
@@ -146,19 +156,57 @@ STEP_ROWS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
 }
 
 
+def one_line(text: str, limit: int = VERDICT_CHARS) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def refused_verdict(message: str) -> str:
+    """GateFailed's message as a verdict: `refused at stress: concurrency=1.ttft_ms.p99 = …`."""
+    return one_line(re.sub(r"^gate failed at ", "refused at ", message))
+
+
+def verdict(report: dict[str, Any]) -> str:
+    """What the gate decided, in one line: promoted (to which sequence) or refused (where, why)."""
+    failure, event = report.get("failure"), report.get("event")
+    if isinstance(failure, dict) and failure.get("message"):
+        return refused_verdict(str(failure["message"]))
+    if report.get("passed") and isinstance(event, dict):
+        was = event["from"] or "none"
+        return one_line(f"promoted {report['bundle_id']} to production (sequence {event['sequence']}, was {was})")
+    return "not decided: the gate did not finish"
+
+
 def report_metadata(report: dict[str, Any]) -> dict[str, Any]:
-    """What the UI shows of a gate report (passed or failed)."""
+    """What the UI shows of a gate report (passed or failed). The verdict, the bundle and the
+    numbers of each step come first (the asset page lists metadata in order, and shows these
+    without a click); the tables, the JSON and the report's path after them."""
     steps = report["steps"]
-    metadata: dict[str, Any] = {
+    step_rows: dict[str, Any] = {}
+    for name, rows in STEP_ROWS.items():
+        step_rows.update(rows(_step_figures(steps, name)))
+    return {
+        "verdict": verdict(report),
         "bundle_id": report["bundle_id"],
+        **{key: value for key, value in step_rows.items() if _number(value)},
         "gate_steps": dg.MetadataValue.md(steps_table(steps)),
+        **{key: value for key, value in step_rows.items() if not _number(value)},
         "figures": dg.MetadataValue.json({step["name"]: step["figures"] for step in steps}),
         "gate_report": dg.MetadataValue.path(report["path"]),
         "production_before": (report.get("production_before") or {}).get("bundle_id") or "none",
     }
-    for name, rows in STEP_ROWS.items():
-        metadata.update(rows(_step_figures(steps, name)))
-    return metadata
+
+
+def promoted_metadata(report: dict[str, Any]) -> dict[str, Any]:
+    """The materialization's metadata when the gate passed and promoted (`report["event"]`)."""
+    event = report["event"]
+    return {
+        **report_metadata(report),
+        "already_serving": False,
+        "sequence": event["sequence"],
+        "previous_bundle_id": event["from"] or "none",
+        "history_event": dg.MetadataValue.json({k: v for k, v in event.items() if k != "figures"}),
+    }
 
 
 def withdrawn_failure(bundle_id: str, event: dict[str, Any]) -> dg.Failure:
@@ -219,6 +267,9 @@ def production_deployment(context: dg.AssetExecutionContext, aieng: AiengResourc
         return dg.MaterializeResult(
             data_version=dg.DataVersion(f"{bundle.id}:{serving['sequence']}"),
             metadata={
+                "verdict": one_line(
+                    f"not gated again: production already serves {bundle.id} (sequence {serving['sequence']})"
+                ),
                 "bundle_id": bundle.id,
                 "already_serving": True,
                 "note": dg.MetadataValue.text(note),
@@ -248,6 +299,7 @@ def production_deployment(context: dg.AssetExecutionContext, aieng: AiengResourc
         raise withdrawn_failure(refusal.bundle_id, refusal.event) from None
     except GateFailed as failure:
         metadata: dict[str, Any] = {
+            "verdict": refused_verdict(str(failure)),
             "failed_step": failure.step,
             "failed_figure": failure.figure,
             "value": dg.MetadataValue.text(str(failure.value)),
@@ -261,13 +313,7 @@ def production_deployment(context: dg.AssetExecutionContext, aieng: AiengResourc
     assert event is not None
     return dg.MaterializeResult(
         data_version=dg.DataVersion(f"{bundle.id}:{event['sequence']}"),
-        metadata={
-            **report_metadata(report.as_dict()),
-            "already_serving": False,
-            "sequence": event["sequence"],
-            "previous_bundle_id": event["from"] or "none",
-            "history_event": dg.MetadataValue.json({k: v for k, v in event.items() if k != "figures"}),
-        },
+        metadata=promoted_metadata(report.as_dict()),
     )
 
 

@@ -5,6 +5,7 @@ import base64
 import dagster as dg
 
 from aieng_core.training import model_checkpoint as checkpoint
+from aieng_core.training.bits_per_byte import bits_per_byte, tokens_per_byte
 from orchestration.assets.dataset import dataset_manifest
 from orchestration.metadata import materialize_one, run_info
 from orchestration.partitions import single_run
@@ -25,7 +26,8 @@ from orchestration.resources import AiengResource
     ),
 )
 def model_checkpoint(context: dg.AssetExecutionContext, aieng: AiengResource) -> dg.MaterializeResult:
-    artifact = checkpoint.build_model_checkpoint(aieng.store(), aieng.settings(), run_info(context), context.log)
+    store = aieng.store()
+    artifact = checkpoint.build_model_checkpoint(store, aieng.settings(), run_info(context), context.log)
     metrics = artifact.metrics
     context.log.info(f"model_checkpoint: {'reused' if artifact.reused else 'trained'} {artifact.id}")
     png = base64.b64encode(artifact.file(checkpoint.LOSS_CURVE_FILE).read_bytes()).decode("ascii")
@@ -41,14 +43,28 @@ def model_checkpoint(context: dg.AssetExecutionContext, aieng: AiengResource) ->
             **{name: metrics[name] for name in checkpoint.NUMERIC_METRICS if metrics.get(name) is not None},
             "stopped_by": metrics["stopped_by"],
             "partial": metrics["partial"],
-            "training": dg.MetadataValue.md(training),
             "loss_curves": dg.MetadataValue.md(
                 f"![loss curves](data:image/png;base64,{png})\n\n"
                 f"validation loss **{metrics['validation_loss']:.4f}** vs unigram baseline "
                 f"**{metrics['unigram_baseline_loss']:.4f}** nats/token"
             ),
         },
+        headline={
+            **quality_headline(metrics, tokens_per_byte(artifact, store)),
+            "training": dg.MetadataValue.md(training),
+        },
     )
+
+
+def quality_headline(metrics: dict, ratio: float | None) -> dict:
+    """The model's quality first on its page, in nats per token and (with the validation text's
+    tokens per byte) in bits per byte, the unit the gate decides in: numbers the UI plots."""
+    headline = {}
+    for name in ("validation", "unigram_baseline"):
+        headline[f"{name}_loss"] = metrics[f"{name}_loss"]
+        if ratio is not None:
+            headline[f"{name}_bits_per_byte"] = bits_per_byte(metrics[f"{name}_loss"], ratio)
+    return headline
 
 
 @dg.asset_check(asset=model_checkpoint, blocking=True, description="Every weight is finite: no NaN or inf.")

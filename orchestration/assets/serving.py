@@ -6,8 +6,10 @@ import dagster as dg
 
 from aieng_core.benchmark.summary import figures_markdown
 from aieng_core.bundle import serving_bundle as bundle_core
-from orchestration.assets.benchmark import benchmark_report
-from orchestration.metadata import materialize_one, run_info
+from aieng_core.store import ArtifactStore
+from orchestration.assets.benchmark import HEADLINE_PREFIXES, benchmark_report
+from orchestration.automation import follow_new_inputs
+from orchestration.metadata import materialize_one, numeric_order, run_info, validation_bits_per_byte
 from orchestration.partitions import single_run
 from orchestration.resources import AiengResource
 
@@ -28,6 +30,7 @@ def golden_table(outputs: list[dict[str, Any]]) -> str:
 @dg.asset(
     key=bundle_core.KIND,
     deps=[benchmark_report],
+    automation_condition=follow_new_inputs(),
     backfill_policy=single_run,
     code_version=bundle_core.CODE_VERSION,
     group_name="serving",
@@ -68,7 +71,20 @@ def serving_bundle(context: dg.AssetExecutionContext, aieng: AiengResource) -> d
             "lineage": dg.MetadataValue.json(lineage),
             "serve_command": dg.MetadataValue.text(f"aieng serve --bundle {artifact.path}"),
         },
+        headline=bundle_headline(artifact.id, metrics, aieng.store()),
     )
+
+
+def bundle_headline(bundle_id: str, metrics: dict[str, Any], store: ArtifactStore) -> dict[str, Any]:
+    """The bundle's id (what `aieng deploy promote` takes), then the figures of the benchmark it
+    carries (its validation loss in bits per byte too), as numbers the UI plots bundle after bundle."""
+    figures = metrics.get("benchmark") or {}
+    quality = {name: figures[name] for name in ("validation_loss",) if name in figures}
+    if "validation_loss" in quality:
+        quality |= validation_bits_per_byte(store, metrics["model_checkpoint_id"], quality["validation_loss"])
+    names = sorted((n for n in figures if n.startswith(HEADLINE_PREFIXES)), key=numeric_order)
+    speed = {name: figures[name] for name in names}
+    return {"bundle_id": bundle_id, **quality, **speed, "parameters": metrics["parameters"]}
 
 
 @dg.asset_check(

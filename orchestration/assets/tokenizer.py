@@ -1,13 +1,17 @@
 """bpe_tokenizer and tokenized_documents."""
 
+from collections.abc import Iterator
+
 import dagster as dg
 
+from aieng_core.data.empty_day import has_no_data
 from aieng_core.dataset.consistency import tokenized_consistency
 from aieng_core.store import Artifact
 from aieng_core.tokenizer import bpe_tokenizer as tokenizer_artifact
 from aieng_core.tokenizer import tokenized_documents as tokenized
+from aieng_core.tokenizer import tokenizer_inputs
 from orchestration.assets.data import clean_documents
-from orchestration.metadata import materialize_one, materialize_partitions, run_info
+from orchestration.metadata import materialize_one, materialize_partitions, run_info, table
 from orchestration.partitions import daily_partitions, single_run
 from orchestration.resources import AiengResource
 
@@ -24,6 +28,8 @@ class TokenizerRunConfig(dg.Config):
     code_version=tokenizer_artifact.CODE_VERSION,
     group_name="tokenizer",
     kinds={"huggingface"},
+    # Not materialized while every partition ingested is an empty day (nothing to learn from).
+    output_required=False,
     description=(
         "Byte-level BPE trained from scratch on the clean text of every partition present. Pinned: a new day "
         "does not retrain it; a config or code-version change, or run config retrain=true, does."
@@ -31,13 +37,19 @@ class TokenizerRunConfig(dg.Config):
 )
 def bpe_tokenizer(
     context: dg.AssetExecutionContext, config: TokenizerRunConfig, aieng: AiengResource
-) -> dg.MaterializeResult:
-    artifact = tokenizer_artifact.build_bpe_tokenizer(
-        aieng.store(), aieng.settings(), config.retrain, run_info(context), context.log
-    )
+) -> Iterator[dg.MaterializeResult]:
+    try:
+        artifact = tokenizer_artifact.build_bpe_tokenizer(
+            aieng.store(), aieng.settings(), config.retrain, run_info(context), context.log
+        )
+    except tokenizer_artifact.NoCleanText as exc:
+        # Only empty days so far: nothing to learn from is not a failure. No output, so the
+        # steps after it in this run (tokenizing, the dataset manifest) are skipped too.
+        context.log.warning(f"bpe_tokenizer: not trained: {exc}")
+        return
     context.log.info(f"bpe_tokenizer: {'reused' if artifact.reused else 'trained'} {artifact.id}")
     metrics = artifact.metrics
-    return materialize_one(
+    yield materialize_one(
         artifact,
         {
             "vocab_size": metrics["vocab_size"],
@@ -65,6 +77,7 @@ def tokenized_documents(context: dg.AssetExecutionContext, aieng: AiengResource)
             "rows": artifact.metrics["rows"],
             "tokens": artifact.metrics["tokens"],
             "tokenizer_id": artifact.metrics["tokenizer_id"],
+            "no_data": has_no_data(artifact),
         }
 
     return materialize_partitions(
@@ -111,4 +124,41 @@ def tokenized_matches_clean(aieng: AiengResource) -> dg.AssetCheckResult:
     )
 
 
-CHECKS = [tokenizer_round_trips, tokenized_matches_clean]
+@dg.asset_check(
+    asset=bpe_tokenizer,
+    # Warn, never block: the fix, retraining, changes every token id downstream, so it is a
+    # decision for a person, and the pinned tokenizer still works on any text meanwhile.
+    blocking=False,
+    description=(
+        "The partitions the pinned tokenizer was trained on are still current (WARN when one changed or went, "
+        "naming them and the command that retrains it); partitions it never saw are listed, not a failure."
+    ),
+)
+def tokenizer_inputs_current(aieng: AiengResource) -> dg.AssetCheckResult:
+    report = tokenizer_inputs.tokenizer_inputs_report(aieng.store())
+    rows = [
+        {
+            "partition": entry["partition"],
+            "state": entry["state"],
+            "trained_on": entry["trained_on"]["clean_documents"] or "",
+            "current": entry["current"]["clean_documents"] or "",
+            "files_changed": ", ".join(f["name"] for f in entry["files"]),
+            "why": entry["why"],
+        }
+        for entry in report["partitions"]
+    ]
+    return dg.AssetCheckResult(
+        passed=report["passed"],
+        severity=dg.AssetCheckSeverity.WARN,
+        description=tokenizer_inputs.summary(report),
+        metadata={
+            "tokenizer_id": report["bpe_tokenizer"],
+            **{f"partitions_{state}": count for state, count in report["counts"].items()},
+            "partitions": table(rows, ["partition", "state", "trained_on", "current", "files_changed", "why"]),
+            "retrain_commands": "\n".join(report["retrain"]),
+            "details": dg.MetadataValue.json(report["partitions"]),
+        },
+    )
+
+
+CHECKS = [tokenizer_round_trips, tokenized_matches_clean, tokenizer_inputs_current]

@@ -136,7 +136,8 @@ def render_cli() -> str:
         "",
         "Every `aieng` command and subcommand with its usage, options and defaults, as `aieng --help` shows "
         "them. Every `--json` output is one JSON document on stdout; errors are one line on stderr and a "
-        "non-zero exit status.",
+        "non-zero exit status: 2 for a bad config (naming the file and the key) or bad arguments, 1 for any "
+        "other refusal. `AIENG_TRACEBACK=1` shows the traceback instead of the line.",
         "",
     ]
     out += ["```", _usage(parser), "```", ""]

@@ -78,7 +78,7 @@ def test_dataset_document(built_demo: BuiltHome) -> None:
         assert entry["sha256"] == tokenized.content_sha256
     for key in ("rows", "tokens", "train_rows", "validation_rows", "train_tokens", "validation_tokens"):
         assert dataset["totals"][key] == sum(entry[key] for entry in dataset["partitions"])
-    assert built_demo.dataset.metrics == {"partitions": 3, **dataset["totals"]}
+    assert built_demo.dataset.metrics == {"partitions": 3, "partitions_without_data": [], **dataset["totals"]}
     assert built_demo.dataset.manifest["inputs"] == [{"kind": "bpe_tokenizer", "id": built_demo.tokenizer.id}] + [
         {"kind": "tokenized_documents", "id": built_demo.tokenized[p].id} for p in DEMO_PARTITIONS
     ]

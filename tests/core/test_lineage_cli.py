@@ -143,7 +143,8 @@ def test_affected_by_partition_json_and_text(
     bundle = serving_bundle_artifact.bundle
     newer, events = deploy_history(store, bundle)
     result = lineage_json(store, capsys, "--affected-by", "2026-01-02")
-    assert set(result) == {"affected_by", "artifacts", "deployments", "unreadable"}
+    # via_tokenizer: tests/core/test_lineage_tokenizer.py
+    assert set(result) == {"affected_by", "artifacts", "deployments", "unreadable", "via_tokenizer"}
     seeds = {
         (kind, store.require_current(kind, "2026-01-02").id)
         for kind in (asset_keys.RAW_DOCUMENTS, asset_keys.CLEAN_DOCUMENTS, asset_keys.TOKENIZED_DOCUMENTS)

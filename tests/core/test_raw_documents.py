@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from aieng_core.data.clean_documents import build_clean_documents
+from aieng_core.data.empty_day import has_no_data
 from aieng_core.data.raw_documents import (
     FILES_DIR,
     KIND,
@@ -38,19 +39,34 @@ def test_missing_partition_folder(store: ArtifactStore, home: Path, tiny_config)
     assert store.current(KIND, PARTITION) is None and not (store.root / KIND).exists()
 
 
-def test_folder_without_data_files(store: ArtifactStore, home: Path, tiny_config) -> None:
+def assert_empty_day(artifact, landing: str, ignored: list[str]) -> None:
+    assert artifact.metrics == {"files": 0, "bytes": 0, "no_data": True, "landing_folder": landing}
+    assert artifact.manifest["sources"] == [] and artifact.manifest["ignored_files"] == ignored
+    assert has_no_data(artifact)
+
+
+def test_folder_without_data_files_is_an_empty_day(store: ArtifactStore, home: Path, tiny_config) -> None:
     land(home, PARTITION, "README.txt", b"notes")
     land(home, PARTITION, ".hidden.jsonl", jsonl(DOC))
     (home / "raw" / PARTITION / "subdir.jsonl").mkdir()
-    with pytest.raises(MissingPartitionData, match="holds no data files") as info:
-        build_raw_documents(store, tiny_config, PARTITION)
-    assert str(home / "raw" / PARTITION) in str(info.value)
+    artifact = build_raw_documents(store, tiny_config, PARTITION)
+    assert_empty_day(artifact, "empty", [".hidden.jsonl", "README.txt", "subdir.jsonl"])
+    assert store.require_current(KIND, PARTITION).id == artifact.id
+    assert store.verify(artifact) == []
 
 
-def test_empty_folder(store: ArtifactStore, home: Path, tiny_config) -> None:
+def test_empty_folder_is_an_empty_day(store: ArtifactStore, home: Path, tiny_config) -> None:
     (home / "raw" / PARTITION).mkdir(parents=True)
-    with pytest.raises(MissingPartitionData, match="holds no data files"):
-        build_raw_documents(store, tiny_config, PARTITION)
+    assert_empty_day(build_raw_documents(store, tiny_config, PARTITION), "empty", [])
+
+
+def test_missing_folder_inside_a_range_is_recorded_absent(store: ArtifactStore, home: Path, tiny_config) -> None:
+    absent = build_raw_documents(store, tiny_config, PARTITION, absent_ok=True)
+    assert_empty_day(absent, "absent", [])
+    (home / "raw" / PARTITION).mkdir(parents=True)
+    empty = build_raw_documents(store, tiny_config, PARTITION)
+    assert empty.id != absent.id  # two different facts about the day
+    assert store.require_current(KIND, PARTITION).id == empty.id
 
 
 def test_sources_list_every_landed_file(store: ArtifactStore, home: Path, tiny_config) -> None:
@@ -66,11 +82,22 @@ def test_sources_list_every_landed_file(store: ArtifactStore, home: Path, tiny_c
     artifact = build_raw_documents(store, tiny_config, PARTITION)
     folder = home / "raw" / PARTITION
     assert artifact.manifest["sources"] == [
-        {"path": str(folder / name), "name": name, "size": len(contents[name]), "sha256": sha256_bytes(contents[name])}
+        {
+            "path": str(folder / name),
+            "name": name,
+            "size": len(contents[name]),
+            "sha256": sha256_bytes(contents[name]),
+            "mtime_ns": (folder / name).stat().st_mtime_ns,
+        }
         for name in ("a.jsonl", "b.csv", "c.jsonl.gz")
     ]
     assert artifact.manifest["ignored_files"] == [".in-flight.jsonl.tmp-123", "notes.md"]
-    assert artifact.metrics == {"files": 3, "bytes": sum(len(contents[n]) for n in ("a.jsonl", "b.csv", "c.jsonl.gz"))}
+    assert artifact.metrics == {
+        "files": 3,
+        "bytes": sum(len(contents[n]) for n in ("a.jsonl", "b.csv", "c.jsonl.gz")),
+        "no_data": False,
+        "landing_folder": "landed",
+    }
     assert sorted(artifact.manifest["files"]) == [
         f"{FILES_DIR}/a.jsonl",
         f"{FILES_DIR}/b.csv",
@@ -165,8 +192,7 @@ def test_a_folder_of_only_symlinks_holds_no_data(store: ArtifactStore, home: Pat
     folder = home / "raw" / PARTITION
     folder.mkdir(parents=True)
     (folder / "a.jsonl").symlink_to(target)
-    with pytest.raises(MissingPartitionData, match="holds no data files"):
-        build_raw_documents(store, tiny_config, PARTITION)
+    assert_empty_day(build_raw_documents(store, tiny_config, PARTITION), "empty", ["a.jsonl"])
 
 
 def land_bytes_name(home: Path, partition: str, name: bytes, data: bytes) -> None:

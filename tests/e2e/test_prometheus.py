@@ -263,6 +263,16 @@ ALERT_CASES = [
         firing_at="100m",
         firing=[{**A, "pointer": "production"}, {"job": JOB, "instance": "c:1", "pointer": "production"}],
     ),
+    AlertCase(
+        "AiengConfigInvalid",  # a: its config file stopped loading 30 s in; b: its file loads
+        [
+            _series("aieng_config_valid", "a:1", "1 1 0x20", path="/etc/aieng/pipeline.yaml"),
+            _series("aieng_config_valid", "b:1", "1x22", path="/etc/aieng/pipeline.yaml"),
+        ],
+        quiet_at="2m",
+        firing_at="3m",
+        firing=[{**A, "path": "/etc/aieng/pipeline.yaml"}],
+    ),
 ]
 
 
@@ -422,6 +432,9 @@ def test_prometheus_scrapes_serve_and_evaluates_the_alert_rules(tmp_path: Path, 
             assert query(port, f'up{{job="{JOB}"}}') == {target_labels: 1.0}
             assert query(port, "aieng_e2e_request_latency_seconds_count") == {target_labels: GENERATE_REQUESTS}
             assert query(port, "aieng_ready") == {target_labels: 1.0}
+            assert query(port, "aieng_config_valid") == {
+                (("instance", target), ("job", JOB), ("path", str(TINY_CONFIG))): 1.0
+            }
             max_waiting = load_config(TINY_CONFIG).serving.max_waiting
             assert query(port, "aieng_max_num_requests_waiting") == {target_labels: max_waiting}
             assert query(port, f'aieng_bundle_info{{bundle_id="{bundle.id}"}}') == {

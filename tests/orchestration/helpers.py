@@ -25,6 +25,7 @@ CHECK_NAMES = {
     "raw_snapshot_intact",
     "rows_accounted_for",
     "tokenizer_round_trips",
+    "tokenizer_inputs_current",
     "tokenized_matches_clean",
     "dataset_manifest_intact",
 }

@@ -281,20 +281,11 @@ def test_single_partition_rerun_reports_reused(demo_home: Path) -> None:
 # ---- failures -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("partition", "prepare", "phrase"),
-    [
-        ("2026-01-05", None, "does not exist"),
-        ("2026-01-06", "README.txt", "holds no data files"),
-    ],
-)
-def test_missing_raw_partition_fails_naming_the_folder(
-    demo_home: Path, partition: str, prepare: str | None, phrase: str
-) -> None:
+def test_missing_raw_partition_fails_naming_the_folder(demo_home: Path) -> None:
+    """Asked for alone, a day without a landing folder is refused (an empty folder is an empty
+    day: tests/orchestration/test_empty_days.py)."""
+    partition, phrase = "2026-01-05", "does not exist"
     folder = demo_home / "raw" / partition
-    if prepare:
-        folder.mkdir(parents=True)
-        (folder / prepare).write_text("not data\n")
     with dg.instance_for_test() as instance:
         result = dg.materialize(
             ASSETS, instance=instance, resources=resources(demo_home), partition_key=partition, raise_on_error=False
@@ -309,7 +300,7 @@ def test_missing_raw_partition_fails_naming_the_folder(
     assert ArtifactStore(demo_home).current("raw_documents", partition) is None
 
 
-def test_missing_partition_inside_a_range_fails_naming_the_folder(demo_home: Path) -> None:
+def test_missing_partition_inside_a_range_is_a_day_without_data(demo_home: Path) -> None:
     with dg.instance_for_test() as instance:
         result = dg.materialize(
             ASSETS,
@@ -318,11 +309,11 @@ def test_missing_partition_inside_a_range_fails_naming_the_folder(demo_home: Pat
             tags=range_tags("2026-01-03", "2026-01-04"),
             raise_on_error=False,
         )
-    assert not result.success
-    failures = step_failure_messages(result)
-    assert set(failures) == {"raw_documents"}
-    assert str(demo_home / "raw" / "2026-01-04") in failures["raw_documents"]
-    assert started_steps(result) == {"raw_documents"}
+        assert result.success
+        missing = meta(latest(instance, "raw_documents", "2026-01-04"))
+        assert (missing["no_data"], missing["landing_folder"], missing["files"]) == (True, "absent", 0)
+        assert meta(latest(instance, "raw_documents", "2026-01-03"))["no_data"] is False
+    assert ArtifactStore(demo_home).require_current("raw_documents", "2026-01-04").metrics["no_data"] is True
 
 
 def _drop_last_clean_row(store: ArtifactStore, partition: str) -> int:
@@ -406,7 +397,7 @@ def test_tokenizer_is_pinned_until_retrain_is_requested(demo_home: Path) -> None
             ASSETS, selection=[bpe_tokenizer], instance=instance, resources=res, run_config=RETRAIN
         )
         assert retrained.success
-        assert check_outcomes(retrained) == {"tokenizer_round_trips": True}
+        assert check_outcomes(retrained) == {"tokenizer_round_trips": True, "tokenizer_inputs_current": True}
         materialization = run_materializations(retrained)[("bpe_tokenizer", None)]
         values = meta(materialization)
         assert values["artifact_id"] != first.id and values["reused"] is False

@@ -111,3 +111,83 @@ def test_the_bundle_names_and_carries_the_report(materialized: Materialized, tra
     assert values["benchmark_report_id"] == report.id
     assert values["benchmark"] == figures_markdown(report_core.read_report(report))
     assert json.loads(json.dumps(values["benchmark_metrics"])) == report.metrics
+
+
+def test_quality_and_speed_come_first_with_inline_charts(materialized: Materialized) -> None:
+    from aieng_core.training.bits_per_byte import bits_per_byte, tokens_per_byte
+    from orchestration.metadata import INLINE_MARKDOWN_CHARS
+
+    store = materialized.store
+    artifact = store.require_current(report_core.KIND)
+    values = meta(run_materializations(materialized.first)[("benchmark_report", None)])
+    metrics = artifact.metrics
+    # configs/tiny.yaml: batch sizes 1 and 4, concurrencies 1 and 4.
+    assert list(values)[:8] == [
+        "validation_loss",
+        "validation_bits_per_byte",
+        "tokens_per_second_batch_1",
+        "tokens_per_second_batch_4",
+        "ttft_p99_ms_concurrency_1",
+        "ttft_p99_ms_concurrency_4",
+        "throughput_chart",
+        "ttft_p99_chart",
+    ]
+    model = store.get("model_checkpoint", metrics["model_checkpoint_id"])
+    assert values["validation_bits_per_byte"] == bits_per_byte(
+        metrics["validation_loss"], tokens_per_byte(model, store)
+    )
+    for name in ("throughput_chart", "ttft_p99_chart"):
+        chart = values[name]
+        # Short enough for the UI to render it in the table, and an image it can show.
+        assert len(chart) < INLINE_MARKDOWN_CHARS, name
+        encoded = chart.split("data:image/svg+xml;base64,", 1)[1].split(")", 1)[0]
+        svg = base64.b64decode(encoded).decode("utf-8")
+        assert svg.startswith("<svg xmlns='http://www.w3.org/2000/svg'") and svg.endswith("</svg>"), name
+    report = report_core.read_report(artifact)
+    throughput_svg = base64.b64decode(values["throughput_chart"].split(",", 1)[1].split(")", 1)[0]).decode()
+    for row in report["throughput"]:  # each bar's value is written above it
+        assert f">{row['ours']['tokens_per_second']:,.0f}<" in throughput_svg or row["ours"]["tokens_per_second"] < 100
+
+
+def test_the_bundle_shows_its_id_and_the_benchmark_figures_first(materialized: Materialized) -> None:
+    store = materialized.store
+    bundle = store.require_current(bundle_core.KIND)
+    values = meta(run_materializations(materialized.first)[("serving_bundle", None)])
+    figures = bundle.metrics["benchmark"]
+    assert list(values)[:8] == [
+        "bundle_id",
+        "validation_loss",
+        "validation_bits_per_byte",
+        "tokens_per_second_batch_1",
+        "tokens_per_second_batch_4",
+        "ttft_p99_ms_concurrency_1",
+        "ttft_p99_ms_concurrency_4",
+        "parameters",
+    ]
+    assert values["bundle_id"] == bundle.id == values["artifact_id"]
+    for name in ["validation_loss", *list(values)[3:7]]:
+        assert values[name] == figures[name] and isinstance(values[name], float), name
+    report = meta(run_materializations(materialized.first)[("benchmark_report", None)])
+    assert values["validation_bits_per_byte"] == report["validation_bits_per_byte"]  # the same model
+
+
+def test_the_chart_row_is_inline_sized_or_absent() -> None:
+    from orchestration.metadata import INLINE_MARKDOWN_CHARS, inline_chart
+
+    few = inline_chart([(str(n), 1000.0 * n) for n in (1, 16, 64)], "tokens/s by batch size")
+    assert few is not None and len(few.value) < INLINE_MARKDOWN_CHARS
+    assert few.value.startswith("![tokens/s by batch size](data:image/svg+xml;base64,")
+    assert few.value.endswith(")\n\ntokens/s by batch size")
+    assert inline_chart([(str(n), 1000.0 * n) for n in range(1, 20)], "too many bars") is None
+    assert inline_chart([], "nothing measured") is None
+
+
+def test_figures_per_size_come_in_numeric_order() -> None:
+    from orchestration.metadata import numeric_order
+
+    names = ["ttft_p99_ms_concurrency_16", "ttft_p99_ms_concurrency_4", "tokens_per_second_batch_1"]
+    assert sorted(names, key=numeric_order) == [
+        "tokens_per_second_batch_1",
+        "ttft_p99_ms_concurrency_4",
+        "ttft_p99_ms_concurrency_16",
+    ]

@@ -165,6 +165,13 @@ def test_the_gate_promotes_the_current_bundle(chain: Chain, serving_bundle_artif
         assert line.endswith(f" | {step_headline(step['name'], step['figures']).replace('|', chr(92) + '|')} |")
     assert values["stress_levels"] == levels_table(event["figures"]["stress"]["levels"])
     assert len(values["stress_levels"].splitlines()) == 2 + 3  # header, rule, three load levels
+    # What on-call reads first: the verdict, the bundle, then one number per row.
+    assert list(values)[:2] == ["verdict", "bundle_id"]
+    assert values["verdict"] == f"promoted {chain.bundle_a} to production (sequence 1, was none)"
+    for level, figures in event["figures"]["stress"]["levels"].items():
+        slug = level.replace("=", "_").replace(".", "_")
+        assert values[f"stress_{slug}_ttft_p99_ms"] == figures["ttft_ms"]["p99"], level
+        assert values[f"stress_{slug}_e2el_p99_ms"] == figures["e2el_ms"]["p99"], level
     assert values["time_to_rollback_seconds"] == event["figures"]["drill"]["time_to_rollback_seconds"] > 0
     assert Path(values["gate_report"]).is_file()
 
@@ -173,6 +180,7 @@ def test_a_bundle_production_already_serves_is_not_gated_again(chain: Chain) -> 
     assert chain.again.success
     values = meta(deployment_materialization(chain.again))
     assert values["already_serving"] is True and values["sequence"] == 1
+    assert values["verdict"] == f"not gated again: production already serves {chain.bundle_a} (sequence 1)"
     assert values["note"] == f"production already serves serving_bundle {chain.bundle_a} (sequence 1): nothing to gate"
     assert values["history_event"]["dagster_run_id"] == chain.gated.run_id
     assert deployment_materialization(chain.again).tags["dagster/data_version"] == f"{chain.bundle_a}:1"
@@ -215,6 +223,8 @@ def test_a_failed_gate_fails_the_run_naming_step_and_figure(chain: Chain) -> Non
         "0.001",
     )
     assert values["bundle_id"] == chain.bundle_b and values["production_before"] == chain.bundle_a
+    assert values["verdict"].startswith("refused at stress: concurrency=1.ttft_ms.p99 = ")
+    assert len(values["verdict"]) <= 120 and list(data.metadata)[0] == "verdict"
     assert " | False | " in values["gate_steps"].splitlines()[-1]
     assert Path(values["gate_report"]).is_file()
     # Production still serves the first bundle; the drill never ran.
@@ -239,7 +249,17 @@ def test_the_retrain_schedule_runs_on_the_configured_cron() -> None:
     assert retrain_schedule.cron_schedule == load_config(TINY_CONFIG).gate.retrain_cron == "0 3 * * 1"
     assert retrain_schedule.execution_timezone == "UTC" and retrain_schedule.job_name == "retrain"
     context = dg.build_schedule_context(scheduled_execution_time=datetime(2026, 1, 5, 3, 0, tzinfo=UTC))
-    [request] = list(retrain_schedule.evaluate_tick(context).run_requests or [])
+    # gate.retrain is on_new_data by default: the retrain sensor trains, this schedule does not.
+    skipped = retrain_schedule.evaluate_tick(context)
+    assert list(skipped.run_requests or []) == []
+    assert skipped.skip_message == "gate.retrain is on_new_data, not cron: this schedule trains nothing"
+
+
+def test_the_retrain_schedule_trains_when_the_policy_is_cron(tmp_path: Path) -> None:
+    path = write_config(tmp_path, "cron", gate={"retrain": "cron"})
+    schedule = retrain_schedule_for(load_config(path), path)
+    context = dg.build_schedule_context(scheduled_execution_time=datetime(2026, 1, 5, 3, 0, tzinfo=UTC))
+    [request] = list(schedule.evaluate_tick(context).run_requests or [])
     assert request.job_name in (None, "retrain") and request.partition_key is None
 
 

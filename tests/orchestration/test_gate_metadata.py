@@ -11,7 +11,7 @@ from typing import Any
 
 import dagster as dg
 
-from orchestration.assets.deployment import STEP_ROWS, report_metadata
+from orchestration.assets.deployment import LEVEL_COLUMNS, STEP_ROWS, VERDICT_CHARS, levels_table, report_metadata
 
 
 def report(*steps: tuple[str, bool, dict[str, Any]]) -> dict[str, Any]:
@@ -25,7 +25,7 @@ def report(*steps: tuple[str, bool, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-BASE = {"bundle_id", "gate_steps", "figures", "gate_report", "production_before"}
+BASE = {"verdict", "bundle_id", "gate_steps", "figures", "gate_report", "production_before"}
 
 
 def test_steps_and_figures_it_does_not_know_add_no_row() -> None:
@@ -74,3 +74,63 @@ def test_quality_shows_both_models_side_by_side() -> None:
 
 def test_every_row_maker_survives_empty_figures() -> None:
     assert {name: rows({}) for name, rows in STEP_ROWS.items()} == {name: {} for name in STEP_ROWS}
+
+
+def level(ttft_p99: float, e2el_p99: float) -> dict[str, Any]:
+    return {"errors": 0, "rejected_429": 0, "ttft_ms": {"p99": ttft_p99}, "e2el_ms": {"p99": e2el_p99}}
+
+
+def test_each_stress_level_gets_numeric_p99_rows() -> None:
+    levels = {"concurrency=1": level(13.4, 31.9), "poisson=8.0": level(12.5, 41.8), "broken": "not a level"}
+    metadata = report_metadata(report(("stress", True, {"levels": levels})))
+    numbers = {key: value for key, value in metadata.items() if key.startswith("stress_") and key != "stress_levels"}
+    assert numbers == {
+        "stress_concurrency_1_ttft_p99_ms": 13.4,
+        "stress_concurrency_1_e2el_p99_ms": 31.9,
+        "stress_poisson_8_0_ttft_p99_ms": 12.5,
+        "stress_poisson_8_0_e2el_p99_ms": 41.8,
+    }
+
+
+def test_the_verdict_and_the_numbers_come_first() -> None:
+    made = report(
+        ("quality", True, {"candidate": {"bits_per_byte": 1.61}, "worse_by": -0.01}),
+        ("stress", True, {"levels": {"concurrency=1": level(13.4, 31.9)}}),
+        ("drill", True, {"time_to_rollback_seconds": 0.4}),
+        ("promote", True, {"sequence": 2}),
+    )
+    made |= {"passed": True, "event": {"sequence": 2, "from": "a" * 16}}
+    keys = list(report_metadata(made))
+    assert keys[:2] == ["verdict", "bundle_id"]
+    numbers = keys[2 : keys.index("gate_steps")]
+    assert set(numbers) == {
+        "bits_per_byte_candidate",
+        "quality_worse_by",
+        "stress_concurrency_1_ttft_p99_ms",
+        "stress_concurrency_1_e2el_p99_ms",
+        "time_to_rollback_seconds",
+    }
+    assert report_metadata(made)["verdict"] == f"promoted {'b' * 16} to production (sequence 2, was {'a' * 16})"
+
+
+def test_a_refusal_is_one_line_naming_step_and_figure() -> None:
+    reason = "P99 TTFT over the SLO at this load level; " * 10  # long, as reasons with advice are
+    message = f"gate failed at stress: concurrency=1.ttft_ms.p99 = 13.36 (limit 0.001): {reason}"
+    made = report(("stress", False, {})) | {"passed": False, "failure": {"message": message}}
+    line = report_metadata(made)["verdict"]
+    assert line.startswith("refused at stress: concurrency=1.ttft_ms.p99 = 13.36 (limit 0.001): P99 TTFT")
+    assert len(line) == VERDICT_CHARS and line.endswith("…") and "\n" not in line
+
+
+def test_an_unfinished_report_says_so() -> None:
+    assert report_metadata(report(("verify", True, {})))["verdict"] == "not decided: the gate did not finish"
+
+
+def test_the_stress_table_stays_narrow() -> None:
+    """Five load levels (configs/pipeline.yaml) in a table whose widest line fits the value
+    column of the asset page at 1600 px (about 60 monospace characters)."""
+    levels = {f"concurrency={n}": level(1234.5, 12345.6) for n in (1, 8, 32)}
+    levels |= {f"poisson={rate}": level(1234.5, 12345.6) for rate in (4.0, 16.0)}
+    lines = levels_table(levels).splitlines()
+    assert len(lines) == 2 + 5 and len(LEVEL_COLUMNS) <= 6
+    assert max(len(line) for line in lines[2:]) <= 70, lines

@@ -305,3 +305,62 @@ def test_checks_run_in_dagster_fail_on_a_nan_checkpoint(copied) -> None:
     outcomes = check_outcomes(result)
     assert outcomes == {"weights_finite": False, "beats_unigram_baseline": True, "parameter_count_matches_config": True}
     assert run_materializations(result) == {}
+
+
+# ---- what the asset page shows first ----------------------------------------------------------
+
+
+def validation_text_ratio(store: ArtifactStore, model: Artifact, limit: int | None = None) -> float:
+    """Tokens per byte of the validation stream, counted here from the files: every token of
+    the stream (or of its whole documents within the first `limit` tokens) against the UTF-8
+    bytes of each document decoded on its own."""
+    import numpy as np
+
+    from aieng_core.tokenizer.bpe import load_tokenizer
+    from aieng_core.training.corpus import open_token_streams
+
+    dataset_id = next(item["id"] for item in model.manifest["inputs"] if item["kind"] == "dataset_manifest")
+    _, validation = open_token_streams(store.get("dataset_manifest", dataset_id))
+    tokens = validation[0 : len(validation)]
+    eos = json.loads((model.path / CONFIG_FILE).read_text())["eos_token_id"]
+    ends = np.flatnonzero(tokens == eos)
+    if limit is not None:
+        ends = ends[ends < limit]
+        tokens = tokens[: int(ends[-1]) + 1]
+    tokenizer = load_tokenizer(model.path)
+    documents, begin = [], 0
+    for end in ends.tolist():
+        documents.append(tokenizer.decode(tokens[begin:end].tolist()))
+        begin = end + 1
+    return len(tokens) / sum(len(text.encode("utf-8")) for text in documents)
+
+
+def test_quality_comes_first_in_nats_and_in_bits_per_byte(graph: Materialized) -> None:
+    values = meta(model_materialization(graph.first))
+    artifact = graph.store.require_current("model_checkpoint")
+    assert list(values)[:5] == [
+        "validation_loss",
+        "validation_bits_per_byte",
+        "unigram_baseline_loss",
+        "unigram_baseline_bits_per_byte",
+        "training",
+    ]
+    ratio = validation_text_ratio(graph.store, artifact)
+    for name in ("validation", "unigram_baseline"):
+        assert values[f"{name}_bits_per_byte"] == pytest.approx(
+            artifact.metrics[f"{name}_loss"] / math.log(2) * ratio, rel=1e-9
+        ), name
+    # A byte of this text is about two tokens of a 512-token vocabulary: bits per byte is about
+    # half the bits per token, and the model beats frequencies in this unit too.
+    assert 1.0 < values["validation_bits_per_byte"] < values["unigram_baseline_bits_per_byte"] < 6.0
+    assert values["validation_bits_per_byte"] < values["validation_loss"] / math.log(2)
+
+
+def test_a_long_stream_is_sampled_in_whole_documents(graph: Materialized, monkeypatch: pytest.MonkeyPatch) -> None:
+    from aieng_core.training import bits_per_byte
+
+    artifact = graph.store.require_current("model_checkpoint")
+    monkeypatch.setattr(bits_per_byte, "SAMPLE_TOKENS", 3000)
+    sampled = bits_per_byte.tokens_per_byte(artifact, graph.store)
+    assert sampled == pytest.approx(validation_text_ratio(graph.store, artifact, limit=3000), rel=1e-12)
+    assert sampled != validation_text_ratio(graph.store, artifact)  # a sample, not the whole stream

@@ -13,6 +13,7 @@ from aieng_core.data.demo_data import EXPECTED_DIRTY, land_demo_data
 from aieng_core.data.reasons import ALL_REASONS
 from aieng_core.store import ArtifactStore
 from orchestration.definitions import defs
+from orchestration.resources import AiengResource
 from tests.conftest import DEMO_PARTITIONS
 from tests.orchestration.helpers import (
     ALL_DEMO_DAYS,
@@ -27,7 +28,12 @@ NEW_DAY = "2026-01-04"
 
 
 def tick(instance: dg.DagsterInstance, when: datetime) -> list[dg.RunRequest]:
-    context = dg.build_schedule_context(instance=instance, scheduled_execution_time=when)
+    context = dg.build_schedule_context(
+        instance=instance,
+        scheduled_execution_time=when,
+        repository_def=defs.get_repository_def(),
+        resources={"aieng": AiengResource()},  # $AIENG_HOME, $AIENG_CONFIG
+    )
     schedule = defs.resolve_schedule_def("daily_ingest_schedule")
     return list(schedule.evaluate_tick(context).run_requests or [])
 
@@ -40,8 +46,9 @@ def tick(instance: dg.DagsterInstance, when: datetime) -> list[dg.RunRequest]:
         (datetime(2026, 3, 1, 1, 0, tzinfo=UTC), "2026-02-28"),
     ],
 )
-def test_schedule_requests_the_previous_day(when: datetime, partition: str) -> None:
+def test_schedule_requests_the_previous_day(home: Path, when: datetime, partition: str) -> None:
     assert defs.resolve_schedule_def("daily_ingest_schedule").job_name == "daily_ingest"
+    (home / "raw" / partition).mkdir(parents=True)  # the day has a landing folder ($AIENG_HOME)
     with dg.instance_for_test() as instance:
         requests = tick(instance, when)
     assert [request.partition_key for request in requests] == [partition]

@@ -5,6 +5,7 @@
 - state.py: what the server is doing (loading, ready, draining), which replica serves, leases;
 - following.py: following a deployment pointer (a promote or rollback swaps the replica);
 - deployment_watch.py: the pointer's rollback readiness check, as the server exports it;
+- config_watch.py: whether the config file the server started with still loads;
 - provenance.py: the bundle id and data version every response names (X-Aieng-Bundle-Id,
   X-Aieng-Data-Version);
 - generation.py: one request's engine requests, their outputs, its deadline and usage;

@@ -17,6 +17,7 @@ from aieng_core.config import AiengConfig
 from aieng_core.serving.http import routes_admin, routes_native, routes_openai, routes_ops
 from aieng_core.serving.http.api_models import error_body
 from aieng_core.serving.http.api_schema import finish_openapi
+from aieng_core.serving.http.config_watch import ConfigWatch
 from aieng_core.serving.http.errors import ApiError, validation_error
 from aieng_core.serving.http.following import PointerTarget, follow_pointer
 from aieng_core.serving.http.middleware import BodyLimitMiddleware, RequestContextMiddleware
@@ -32,11 +33,15 @@ def create_app(
     admin_token: str | None,
     follow: Callable[[], PointerTarget] | None = None,
     request_log: RequestLog | None = None,
+    config_path: Path | None = None,
 ) -> FastAPI:
     """Serve the bundle at `bundle_path`, or (with `follow`) whatever a deployment pointer names;
-    with `request_log`, one record per answered request (closed when the app shuts down)."""
+    with `request_log`, one record per answered request (closed when the app shuts down); with
+    `config_path` (the file `config` was read from), aieng_config_valid says whether it still loads."""
     state = ServingState(Path(bundle_path) if bundle_path is not None else None, config, admin_token, follow)
     state.request_log = request_log
+    if config_path is not None:
+        state.config_watch = ConfigWatch(Path(config_path))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

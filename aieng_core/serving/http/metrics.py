@@ -69,6 +69,9 @@ METRIC_HELP: dict[str, str] = {
     "aieng_requests_rejected_total": "Generation requests refused: overloaded (429), draining (503), timeout (504).",
     "aieng_bundle_info": "The serving bundle in use (label bundle_id), always 1.",
     "aieng_ready": "1 while /health/ready answers 200 (a bundle loaded and warm, not draining), else 0.",
+    "aieng_config_valid": "1 while the config file the server was started with (label path) loads, 0 while it "
+    "does not (re-read on each scrape when it changed; the log line says which key and why); a Dagster code "
+    "location reading it cannot load meanwhile.",
     # Only from a server that follows a deployment pointer (`aieng serve --deployment current`):
     "aieng_deployment_mismatch": "Following a pointer: 1 while the pointer names a bundle this server refused "
     "(pointer_bundle) and it keeps serving another (served_bundle); 0 while they agree or a new one loads.",
@@ -164,6 +167,7 @@ class ServingMetrics:
         self.rss = Gauge("aieng_process_resident_memory_bytes", h["aieng_process_resident_memory_bytes"], registry=r)
         self.rss.set_function(_rss_bytes)
         self.bundle_info = Gauge("aieng_bundle_info", h["aieng_bundle_info"], ["bundle_id"], registry=r)
+        self.config_valid = Gauge("aieng_config_valid", h["aieng_config_valid"], ["path"], registry=r)
         # What a server following a pointer says of it (set_deployment, set_rollback).
         self.mismatch = Gauge(
             "aieng_deployment_mismatch", h["aieng_deployment_mismatch"],
@@ -184,6 +188,10 @@ class ServingMetrics:
         self.bundle_info.clear()
         if bundle_id is not None:
             self.bundle_info.labels(bundle_id=bundle_id).set(1)
+
+    def set_config(self, path: str, valid: bool) -> None:
+        """Whether the config file at `path` loads (config_watch.py)."""
+        self.config_valid.labels(path=path).set(1 if valid else 0)
 
     def set_deployment(self, pointer: str, pointer_bundle: str, served_bundle: str, mismatch: bool) -> None:
         """One series for the pointer followed: 1 on a refused bundle, else 0 (an alert on

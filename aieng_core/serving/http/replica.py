@@ -2,19 +2,26 @@
 
 The server holds one replica at a time (state.py); a reload or a pointer switch opens the
 next one beside it, and the old one keeps its loop until the last request holding it ends.
+
+A replica of a bundle in a store (artifacts/serving_bundle/<id>/) holds it in that store
+(ArtifactStore.hold) from before it is loaded until its loop stops: `aieng store gc` never
+deletes a bundle a server is serving, whether a pointer still names it or not.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aieng_core.asset_keys import SERVING_BUNDLE
 from aieng_core.config import AiengConfig
 from aieng_core.serving.device import resolve_device
 from aieng_core.serving.http.api_models import RequestDefaults
+from aieng_core.store import ArtifactIntegrityError, ArtifactNotFound
 from aieng_core.store.lineage import bundle_data_version, bundle_store
 from aieng_core.store.request_log import UNKNOWN_DATA_VERSION
 
@@ -41,6 +48,7 @@ class Replica:
     loaded_at: float = field(default_factory=time.time)
     active: int = 0  # HTTP requests holding this replica
     retired: bool = False  # another replica serves new requests; stop once `active` is 0
+    hold: ExitStack = field(default_factory=ExitStack)  # the bundle held in its store, until stop()
 
     @property
     def bundle_id(self) -> str:
@@ -49,6 +57,26 @@ class Replica:
     @property
     def max_context(self) -> int:
         return int(self.bundle.serving["max_context"])
+
+    def stop(self, timeout: float) -> None:
+        """Stop the engine loop, then let go of the bundle (gc may take it once nothing reaches it)."""
+        try:
+            self.loop.stop(timeout)
+        finally:
+            self.hold.close()
+
+
+def hold_bundle(bundle_path: Path) -> ExitStack:
+    """The bundle at `bundle_path` held in the store holding it; nothing held for a bundle
+    outside a store, or one not (any longer) in it: loading it then says what is missing."""
+    held = ExitStack()
+    store = bundle_store(bundle_path)
+    if store is not None:
+        try:
+            held.enter_context(store.hold(store.get(SERVING_BUNDLE, Path(bundle_path).name)))
+        except (ArtifactNotFound, ArtifactIntegrityError):
+            pass
+    return held
 
 
 def open_replica(bundle_path: Path, config: AiengConfig, on_step: OnStep) -> Replica:
@@ -61,10 +89,13 @@ def open_replica(bundle_path: Path, config: AiengConfig, on_step: OnStep) -> Rep
     from aieng_core.serving.engine_loop import EngineLoop
 
     serving = config.serving
-    bundle = load_bundle(bundle_path, device=resolve_device(serving.device))
-    engine = bundle.make_engine(max_waiting=serving.max_waiting)
-    warmup = engine.prepare_to_serve(serving.warmup_prompt_lengths)
-    defaults = RequestDefaults.of_bundle(bundle.serving)
-    data_version = bundle_data_version(bundle_store(bundle_path), bundle.manifest) or UNKNOWN_DATA_VERSION
-    loop = EngineLoop(engine, on_step=on_step).start()
-    return Replica(bundle=bundle, loop=loop, defaults=defaults, warmup=warmup, data_version=data_version)
+    with hold_bundle(bundle_path) as held:  # released here only if the replica is never opened
+        bundle = load_bundle(bundle_path, device=resolve_device(serving.device))
+        engine = bundle.make_engine(max_waiting=serving.max_waiting)
+        warmup = engine.prepare_to_serve(serving.warmup_prompt_lengths)
+        defaults = RequestDefaults.of_bundle(bundle.serving)
+        data_version = bundle_data_version(bundle_store(bundle_path), bundle.manifest) or UNKNOWN_DATA_VERSION
+        loop = EngineLoop(engine, on_step=on_step).start()
+        replica = Replica(bundle=bundle, loop=loop, defaults=defaults, warmup=warmup, data_version=data_version)
+        replica.hold = held.pop_all()  # the replica holds the bundle now, until it stops
+    return replica

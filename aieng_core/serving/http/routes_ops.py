@@ -67,4 +67,5 @@ async def metrics(state: ServingState = Depends(serving_state)) -> Response:
     if state.current is not None:
         state.metrics.observe_engine(state.current.loop.stats())
     state.observe_deployment(time.time())
+    state.observe_config()
     return Response(state.metrics.render(), media_type=state.metrics.content_type)

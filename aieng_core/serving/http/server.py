@@ -97,12 +97,14 @@ def run_server(
     pointer: str = PRODUCTION,
     request_log: Path | None = None,
     request_log_given: bool = False,
+    config_path: Path | None = None,
 ) -> int:
     """Serve the bundle (or follow `pointer` under `follow_home`) until drained; 0 after a
     clean drain, 1 when the bundle cannot be served. With `request_log`, one JSON record per
     answered request is appended to that file (store/request_log.py); a log file that cannot
     be opened stops the server when it was asked for (`request_log_given`), and is only
-    warned about when it is the default."""
+    warned about when it is the default. `config_path`, the file `config` was read from, is
+    re-validated on every scrape of /metrics (aieng_config_valid)."""
     from aieng_core.serving.http.app import create_app
 
     configure_logging(log_level)
@@ -119,7 +121,12 @@ def run_server(
         home = Path(follow_home)
         follow = functools.partial(read_target, home, pointer)
     app = create_app(
-        Path(bundle_path) if bundle_path is not None else None, config, admin_token, follow, request_log=requests
+        Path(bundle_path) if bundle_path is not None else None,
+        config,
+        admin_token,
+        follow,
+        request_log=requests,
+        config_path=config_path,
     )
     state = app.state.serving
     serving_what = str(bundle_path) if bundle_path is not None else f"the {pointer} deployment under {follow_home}"

@@ -39,6 +39,7 @@ from aieng_core.store.request_log import NO_BUNDLE
 
 if TYPE_CHECKING:
     from aieng_core.serving.engine import EngineStats, StepStats
+    from aieng_core.serving.http.config_watch import ConfigWatch
     from aieng_core.serving.http.deployment_watch import RollbackReadiness
     from aieng_core.serving.http.following import PointerTarget
     from aieng_core.store.request_log import RequestLog
@@ -69,6 +70,7 @@ class ServingState:
         self.refusal: str | None = None  # why it was refused
         self.rollback: RollbackReadiness | None = None  # the pointer's last rollback check, read on each poll
         self.request_log: RequestLog | None = None  # one record per answered request (middleware.py)
+        self.config_watch: ConfigWatch | None = None  # the config file's validity, re-read on each scrape
         self.config = config
         self.admin_token = admin_token or None
         self.metrics = ServingMetrics()
@@ -152,6 +154,13 @@ class ServingState:
         )
         self.metrics.set_rollback(following.pointer, self.rollback, now)
 
+    def observe_config(self) -> None:
+        """Whether the config file the server started with still loads (config_watch.py);
+        called on every scrape. Without a watch (an app made without its config's path), no
+        series."""
+        if self.config_watch is not None:
+            self.metrics.set_config(str(self.config_watch.path), self.config_watch.problem() is None)
+
     def begin_drain(self) -> None:
         if not self.draining:
             self.draining = True
@@ -234,7 +243,7 @@ class ServingState:
 
     def _maybe_stop(self, replica: Replica) -> None:
         if replica.retired and replica.active == 0:
-            task = asyncio.get_running_loop().create_task(asyncio.to_thread(replica.loop.stop, 10.0))
+            task = asyncio.get_running_loop().create_task(asyncio.to_thread(replica.stop, 10.0))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
             with contextlib.suppress(ValueError):
@@ -245,7 +254,7 @@ class ServingState:
         if self.request_log is not None:
             self.request_log.close()
         for replica in list(self._replicas):
-            await asyncio.to_thread(replica.loop.stop, 10.0)
+            await asyncio.to_thread(replica.stop, 10.0)
         self._replicas.clear()
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)

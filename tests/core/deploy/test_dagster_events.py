@@ -98,6 +98,7 @@ def test_a_cli_rollback_posts_a_runless_materialization(
     body = json.loads(recorder.requests[-1]["body"])
     assert body["data_version"] == f"{pair.a.id}:3"
     assert body["metadata"] == {
+        "verdict": f"rollback by aieng deploy rollback: production serves {pair.a.id} (sequence 3, was {pair.b.id})",
         "bundle_id": pair.a.id,
         "sequence": 3,
         "action": "rollback",

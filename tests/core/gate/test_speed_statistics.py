@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from aieng_core.gate.speed_statistics import decide, paired_bootstrap, ratio_of_medians
+from aieng_core.gate.speed_statistics import decide, open_question, paired_bootstrap, ratio_of_medians
 
 
 def rounds_of(candidate_scale: float, *, seed: int = 1, rounds: int = 2, n: int = 24, shift: float = 1.0) -> list:
@@ -65,3 +65,21 @@ def test_ratio_of_medians() -> None:
 def test_rounds_need_the_same_requests_on_both_sides() -> None:
     with pytest.raises(ValueError, match="same positive number of requests on both sides"):
         paired_bootstrap([([1.0, 2.0], [1.0])], 0.9)
+
+
+def test_only_an_open_answer_earns_another_round() -> None:
+    same = decide(rounds_of(1.0), max_regression=0.10, confidence=0.99)
+    slower = decide(rounds_of(1.5), max_regression=0.10, confidence=0.99)
+    assert (same["regression"], open_question(same)) == (False, False)  # a clear pass
+    assert (slower["regression"], open_question(slower)) == (True, False)  # a clear failure
+    # Slower by 20% with noise of +-60% and 3 requests a round: the median is above the limit,
+    # the interval reaches below it.
+    rng = random.Random(7)
+    noisy = [
+        ([1.2 * rng.uniform(0.4, 1.6) for _ in range(3)], [rng.uniform(0.4, 1.6) for _ in range(3)]) for _ in range(2)
+    ]
+    open_decision = decide(noisy, max_regression=0.10, confidence=0.99)
+    low, _ = open_decision["interval"]
+    assert open_decision["ratio"] > 1.10 and low <= 1.10
+    assert open_question(open_decision) is True
+    assert open_decision["verdict"].startswith("not shown slower")

@@ -89,7 +89,7 @@ def parse_selectors(expr: str) -> tuple[list[Selector], set[str]]:
 def exposed_series() -> dict[str, set[str]]:
     """Every sample name a server's /metrics can show, with its label names: a registry that has
     seen one of everything (a request, a rejection, a finish, a bundle, a followed pointer and
-    its rollback check), rendered and parsed."""
+    its rollback check, the config file's validity), rendered and parsed."""
     metrics = ServingMetrics()
     metrics.count_http("/generate", 200)
     metrics.reject("overloaded")
@@ -97,6 +97,7 @@ def exposed_series() -> dict[str, set[str]]:
     metrics.set_bundle("bundle-1")
     metrics.set_deployment("production", "bundle-2", "bundle-1", mismatch=True)
     metrics.set_rollback("production", RollbackReadiness("production", "bundle-0", True, False, 0.0, None), now=60.0)
+    metrics.set_config("/etc/aieng/pipeline.yaml", valid=True)
     names: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(metrics.render().decode()):
         for sample in family.samples:
@@ -223,7 +224,7 @@ def test_latency_thresholds_are_the_gate_slos() -> None:
 def test_every_rule_is_an_alert_an_operator_can_act_on() -> None:
     names = [rule["alert"] for _, rule in RULES]
     assert len(names) == len(set(names)), "alert names must be unique"
-    assert len(names) == 14
+    assert len(names) == 15
     for group, rule in RULES:
         where = f"{group}/{rule.get('alert')}"
         assert set(rule) == {"alert", "expr", "for", "labels", "annotations"}, where
