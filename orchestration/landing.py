@@ -5,9 +5,10 @@ nothing landed for.
 `daily_ingest` run for each partition whose listing (aieng_core/data/landing.py: data files'
 names, sizes and modification times) changed since it last looked, once this sensor has seen
 the same listing for `landing.settle_seconds` by its own clock. The run key is
-`<partition>:<digest of the listing>:<the current snapshot's id>`: Dagster never launches two
-runs with one run key from one sensor, so the same landing over the same store is ingested
-once, and a changed one (or files restored to what they were before) always again. A listing
+`<partition>:<digest of the listing>:<current snapshot id>:<current tokenizer id>`: Dagster
+never launches two runs with one run key from one sensor, so the same landing over the same
+store is ingested once, and a changed one (or files restored to what they were before) always
+again. A listing
 the store already holds, snapshotted, cleaned and tokenized (by the schedule or by hand),
 starts nothing; a folder emptied after its day was ingested starts nothing either (the
 snapshot keeps the day's data). The cursor (`handled`: the last run key per partition, `seen`:
@@ -69,6 +70,7 @@ def landing_requests(
     # Folders gone since the last look are forgotten: landing them again is new data again.
     handled = {p: key for p, key in cursor["handled"].items() if p in present}
     seen = {p: mark for p, mark in cursor["seen"].items() if p in present}
+    tokenizer = _id(store.current(asset_keys.BPE_TOKENIZER))
     for folder in folders:
         day = dt.date.fromisoformat(folder.partition)
         if day < START_DATE:
@@ -79,8 +81,10 @@ def landing_requests(
             continue
         current = store.current(asset_keys.RAW_DOCUMENTS, folder.partition)
         # The snapshot it would replace is part of the key: files restored as they were before
-        # (A, then B, then A again) are new to the store, though not to the folder.
-        key = f"{folder.partition}:{folder.digest}:{current.id if current is not None else 'none'}"
+        # (A, then B, then A again) are new to the store, though not to the folder. So is the
+        # tokenizer: a day ingested before the first one existed (an empty first day) is looked
+        # at again once one does, and its tokenizing finished.
+        key = f"{folder.partition}:{folder.digest}:{_id(current)}:{tokenizer}"
         if handled.get(folder.partition) == key:
             continue
         # Settled by this sensor's clock: the same digest for settle_seconds (a writer's clock
@@ -114,6 +118,10 @@ def landing_requests(
     if strays:
         reasons.append(f"not YYYY-MM-DD folders, never ingested: {', '.join(strays[:10])}")
     return requests, {"handled": handled, "seen": seen}, reasons
+
+
+def _id(artifact: Any) -> str:
+    return artifact.id if artifact is not None else "none"
 
 
 def ingest_request(folder: LandingFolder, key: str, state: str) -> dg.RunRequest:

@@ -60,7 +60,7 @@ def test_a_settled_landing_is_ingested_once(home: Path) -> None:
     assert waiting == [] and reasons == [f"waiting 60 s for landing to settle: {DAY} (unchanged for 0 s)"]
     requests, _ = sensor.tick(SETTLED)
     digest = landing_folder(home, DAY).digest
-    assert keys(requests) == [(DAY, f"{DAY}:{digest}:none")]
+    assert keys(requests) == [(DAY, f"{DAY}:{digest}:none:none")]
     assert requests[0].tags["aieng/landing"] == "not ingested"
     assert sensor.tick(SETTLED) == ([], [])  # handled: nothing more to say
 
@@ -203,3 +203,24 @@ def test_the_schedule_skips_a_day_nothing_landed_for(home: Path) -> None:
     (home / "raw" / DAY).mkdir(parents=True)  # an empty day is a day: ingested
     result = schedule_tick(home, datetime(2026, 1, 6, 1, 0, tzinfo=UTC))
     assert [request.partition_key for request in result.run_requests] == [DAY]
+
+
+def test_an_empty_first_day_is_finished_once_a_tokenizer_exists(home: Path, tiny_config) -> None:
+    """Ingested before any tokenizer existed, the empty day was never tokenized: once a later
+    day's run trains the first tokenizer, the sensor asks for that day again."""
+    from aieng_core.data.demo_data import land_demo_data
+    from aieng_core.tokenizer.bpe_tokenizer import build_bpe_tokenizer
+
+    store = ArtifactStore(home)
+    (home / "raw" / DAY).mkdir(parents=True)
+    build_raw_documents(store, tiny_config, DAY)
+    build_clean_documents(store, tiny_config, DAY)
+    sensor = Sensor(home)
+    assert sensor.settled() == ([], [f"already ingested as landed: {DAY}"])  # nothing more it can do yet
+    land_demo_data(home, start_date=dt.date(2026, 1, 6), days=1)
+    build_raw_documents(store, tiny_config, OTHER)
+    build_clean_documents(store, tiny_config, OTHER)
+    build_bpe_tokenizer(store, tiny_config)  # the first tokenizer: the other day's run trained it
+    requests, reasons = sensor.tick(SETTLED)
+    assert [(r.partition_key, r.tags["aieng/landing"]) for r in requests] == [(DAY, "partly ingested")]
+    assert reasons == [f"waiting 60 s for landing to settle: {OTHER} (unchanged for 0 s)"]  # seen just now

@@ -129,3 +129,27 @@ def test_a_new_model_is_benchmarked_and_bundled_by_automation() -> None:
         # Handled: the next evaluation requests nothing more for the same model.
         third = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=second.cursor)
         assert third.total_requested == 0
+
+
+def test_a_failed_training_is_named_not_retried_and_a_partial_model_resumes(trained_home, tmp_path: Path) -> None:
+    home = copied(trained_home, tmp_path)
+    dataset = new_day(home, trained_home.config)
+    aieng = AiengResource(home=str(home), config_path=config_with(tmp_path, retrain_min_interval_minutes=0))
+    with dg.instance_for_test() as instance:
+        failed = create_run_for_test(
+            instance, job_name="train", status=dg.DagsterRunStatus.FAILURE, tags={"dagster/run_key": f"train:{dataset}"}
+        )
+        request, why = retrain_decision(aieng, instance, {}, NOW)
+        assert request is None
+        assert why.startswith(f"the training of dataset manifest {dataset} failed in run {failed.run_id}: ")
+    # A model stopped by training.max_minutes on the current data: resumed, a key per resume.
+    store = ArtifactStore(home)
+    model = store.require_current("model_checkpoint")
+    manifest = json.loads((model.path / "manifest.json").read_text(encoding="utf-8"))
+    manifest["metrics"] = {**manifest["metrics"], "partial": True, "steps": 40}
+    manifest["inputs"] = [{"kind": "dataset_manifest", "id": dataset}]
+    (model.path / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    with dg.instance_for_test() as instance:
+        request, why = retrain_decision(aieng, instance, {}, NOW)
+    assert request is not None and request.run_key == f"train:{dataset}:from-step-40"
+    assert why == f"resuming the partial model {model.id} at step 40 on {dataset}"
