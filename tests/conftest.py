@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,21 @@ def _isolated_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     monkeypatch.setenv("AIENG_CONFIG", str(TINY_CONFIG))
     # A promote or rollback reports to the Dagster webserver this names: never the developer's.
     monkeypatch.delenv("AIENG_DAGSTER_URL", raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _no_dagster_state_storage_left_over() -> Iterator[None]:
+    """Each test starts with no current Dagster DefsStateStorage. `with DagsterInstance(...)`
+    sets one and its __exit__ (1.13.27) never resets it, so after that instance is gone every
+    later `get_repository_def` in the process fails on a dead weakref. Only when dagster is
+    loaded already: the core tests never import it."""
+    if "dagster" not in sys.modules:
+        yield
+        return
+    from dagster._core.storage.defs_state.base import set_defs_state_storage
+
+    with set_defs_state_storage(None):
+        yield
 
 
 @pytest.fixture

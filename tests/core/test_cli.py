@@ -86,7 +86,7 @@ def test_bad_config_is_a_one_line_error(capsys: pytest.CaptureFixture, tmp_path:
     config = tmp_path / "bad.yaml"
     config.write_text("data:\n  min_chars: -5\n")
     code, out, err = run(capsys, "--config", str(config), "demo-data")
-    assert code == 1 and out == ""
+    assert code == 2 and out == ""  # 2: a bad config, as for bad arguments
     assert_one_line_error(err)
     assert "data.min_chars" in err and str(config.resolve()) in err
     assert not (Path(os.environ["AIENG_HOME"]) / "raw").exists()

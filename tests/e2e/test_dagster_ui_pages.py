@@ -103,7 +103,11 @@ def served(serving_bundle_artifact: BundledHome, tmp_path_factory: pytest.TempPa
     resources = {"aieng": AiengResource(home=str(home), config_path=str(TINY_CONFIG))}
     graph = [model_checkpoint, benchmark_report, serving_bundle, *ALL_CHECKS]
     selection = [model_checkpoint, benchmark_report, serving_bundle]
-    with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
+    # Not `with instance:`: DagsterInstance.__exit__ (1.13.27) disposes but never resets the
+    # current DefsStateStorage its __enter__ set, so every later get_repository_def in this
+    # process would find a storage whose instance is gone.
+    instance = dg.DagsterInstance.from_config(str(dagster_home))
+    try:
         for _ in range(2):  # two points on each plot
             result = dg.materialize(graph, instance=instance, resources=resources, selection=selection)
             assert result.success
@@ -117,6 +121,8 @@ def served(serving_bundle_artifact: BundledHome, tmp_path_factory: pytest.TempPa
             )
         )
         metadata = {key: latest_metadata(instance, key) for key in HEADLINES}
+    finally:
+        instance.dispose()
     env = dict(os.environ)
     env.update(
         AIENG_HOME=str(home),
