@@ -18,44 +18,36 @@ from __future__ import annotations
 import fcntl
 import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 
 @contextmanager
-def exclusive_lock(path: Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
-    """Hold an exclusive flock on `path` (created if missing) for the block; if another
-    process holds it, call `on_wait` once (to say so) and wait for it."""
+def _flock(path: Path, mode: int, on_wait: Callable[[], None] | None) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
         except BlockingIOError:
             if on_wait is not None:
                 on_wait()
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fcntl.flock(fd, mode)
         yield
     finally:
         os.close(fd)  # releases the lock
 
 
-@contextmanager
-def shared_lock(path: Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+def exclusive_lock(path: Path, on_wait: Callable[[], None] | None = None) -> AbstractContextManager[None]:
+    """Hold an exclusive flock on `path` (created if missing) for the block; if another
+    process holds it, call `on_wait` once (to say so) and wait for it."""
+    return _flock(path, fcntl.LOCK_EX, on_wait)
+
+
+def shared_lock(path: Path, on_wait: Callable[[], None] | None = None) -> AbstractContextManager[None]:
     """Hold a shared flock on `path` (created if missing) for the block; if an exclusive holder
     has it, call `on_wait` once and wait for it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if on_wait is not None:
-                on_wait()
-            fcntl.flock(fd, fcntl.LOCK_SH)
-        yield
-    finally:
-        os.close(fd)
+    return _flock(path, fcntl.LOCK_SH, on_wait)
 
 
 @contextmanager
