@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from aieng_core.asset_keys import BENCHMARK_REPORT as BENCHMARK_KIND
@@ -27,8 +28,11 @@ NO_DATA = {"empty": "no data: empty landing folder", "absent": "no data: no land
 INGESTED = "ingested"  # as aieng_core/data/landing.py names it (imported lazily: status stays light)
 
 
-def pipeline_status(store: ArtifactStore) -> dict[str, Any]:
-    status: dict[str, Any] = {"home": str(store.home), "assets": {}, "landing": landing_status(store)}
+def pipeline_status(store: ArtifactStore, start_date: dt.date, today: dt.date | None = None) -> dict[str, Any]:
+    """`today` (UTC) decides which landing folder is still today's: now's by default."""
+    today = today or dt.datetime.now(dt.UTC).date()
+    landing = landing_status(store, today, start_date)
+    status: dict[str, Any] = {"home": str(store.home), "assets": {}, "landing": landing}
     for kind in PARTITIONED:
         status["assets"][kind] = {
             partition: _summary(store.require_current(kind, partition)) for partition in store.current_partitions(kind)
@@ -39,16 +43,18 @@ def pipeline_status(store: ArtifactStore) -> dict[str, Any]:
     return status
 
 
-def landing_status(store: ArtifactStore) -> dict[str, Any]:
-    """Every landing folder: `{partition: {files, state}}`, state as the landing sensor sees it
-    (aieng_core/data/landing.py `ingest_state`: ingested, partly ingested, changed since
-    ingested, emptied since ingested, not ingested); `other_entries`: what raw/ holds that is
-    no partition's folder. A day with neither folder nor snapshot is simply not listed."""
-    from aieng_core.data.landing import ingest_state, landing_folders
+def landing_status(store: ArtifactStore, today: dt.date, start_date: dt.date) -> dict[str, Any]:
+    """Every landing folder: `{partition: {files, state}}`, state in the landing sensor's words
+    (aieng_core/data/landing.py `landing_state`: ingested, partly ingested, changed since
+    ingested, emptied since ingested, not ingested, not a partition until the day ends, before
+    data.start_date); `other_entries`: what raw/ holds that is no partition's folder. A day
+    with neither folder nor snapshot is simply not listed."""
+    from aieng_core.data.landing import landing_folders, landing_state
 
     folders, strays = landing_folders(store.home)
     partitions = {
-        folder.partition: {"files": len(folder.files), "state": ingest_state(store, folder)} for folder in folders
+        folder.partition: {"files": len(folder.files), "state": landing_state(store, folder, today, start_date)}
+        for folder in folders
     }
     return {"partitions": partitions, "other_entries": strays}
 

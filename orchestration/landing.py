@@ -29,7 +29,16 @@ from typing import Any
 import dagster as dg
 
 from aieng_core import asset_keys
-from aieng_core.data.landing import EMPTIED, INGESTED, LandingFolder, ingest_state, landing_folders
+from aieng_core.data.landing import (
+    BEFORE_START,
+    EMPTIED,
+    INGESTED,
+    NOT_YET,
+    LandingFolder,
+    calendar_state,
+    ingest_state,
+    landing_folders,
+)
 from aieng_core.home import raw_partition_dir
 from orchestration.partitions import LOCATION_CONFIG, START_DATE
 from orchestration.resources import AiengResource
@@ -37,6 +46,15 @@ from orchestration.schedules import daily_ingest_job
 
 PARTITION_TAG = "dagster/partition"
 LISTING_TAG = "aieng/landing_digest"
+SETTLING = "still settling"  # seen unchanged for less than landing.settle_seconds
+STRAYS = "not YYYY-MM-DD folders, never ingested"
+# A tick's skip reason says a bit more than the state's own words.
+REASON_WORDING = {
+    INGESTED: "already ingested as landed",
+    EMPTIED: "emptied since ingested (the snapshot keeps the day's data)",
+    BEFORE_START: f"before data.start_date {START_DATE}",
+}
+REASON_ORDER = (SETTLING, INGESTED, EMPTIED, NOT_YET, BEFORE_START, STRAYS)
 
 
 def read_cursor(raw: str | None, log: Any) -> dict[str, dict[str, Any]]:
@@ -65,19 +83,16 @@ def landing_requests(
     folders, strays = landing_folders(store.home)
     today = now.astimezone(dt.UTC).date()  # today's folder becomes a partition when the day ends
     requests: list[dg.RunRequest] = []
-    waiting, held, emptied, not_yet, before = [], [], [], [], []
+    # What was not requested, by reason, in the words `aieng data status` uses (landing.py).
+    not_requested: dict[str, list[str]] = {}
     present = {folder.partition for folder in folders}
     # Folders gone since the last look are forgotten: landing them again is new data again.
     handled = {p: key for p, key in cursor["handled"].items() if p in present}
     seen = {p: mark for p, mark in cursor["seen"].items() if p in present}
     tokenizer = _id(store.current(asset_keys.BPE_TOKENIZER))
     for folder in folders:
-        day = dt.date.fromisoformat(folder.partition)
-        if day < START_DATE:
-            before.append(folder.partition)
-            continue
-        if day >= today:
-            not_yet.append(folder.partition)
+        if calendar := calendar_state(folder.partition, today, START_DATE):
+            not_requested.setdefault(calendar, []).append(folder.partition)
             continue
         current = store.current(asset_keys.RAW_DOCUMENTS, folder.partition)
         # The snapshot it would replace is part of the key: files restored as they were before
@@ -94,29 +109,20 @@ def landing_requests(
             seen[folder.partition] = mark = [folder.digest, now.timestamp()]
         unchanged_for = now.timestamp() - float(mark[1])
         if unchanged_for < config.landing.settle_seconds:
-            waiting.append(f"{folder.partition} (unchanged for {unchanged_for:.0f} s)")
+            not_requested.setdefault(SETTLING, []).append(f"{folder.partition} (unchanged for {unchanged_for:.0f} s)")
             continue
         handled[folder.partition] = key
         state = ingest_state(store, folder)
-        if state == INGESTED:
-            held.append(folder.partition)
-        elif state == EMPTIED:
-            emptied.append(folder.partition)
+        if state in (INGESTED, EMPTIED):
+            not_requested.setdefault(state, []).append(folder.partition)
         else:
             requests.append(ingest_request(folder, key, state))
-    reasons = []
-    if waiting:
-        reasons.append(f"waiting {config.landing.settle_seconds:g} s for landing to settle: {', '.join(waiting)}")
-    if held:
-        reasons.append(f"already ingested as landed: {', '.join(held)}")
-    if emptied:
-        reasons.append(f"emptied since ingested (the snapshot keeps the day's data): {', '.join(emptied)}")
-    if not_yet:
-        reasons.append(f"not a partition until the day ends (UTC): {', '.join(not_yet)}")
-    if before:
-        reasons.append(f"before data.start_date {START_DATE}: {', '.join(before)}")
     if strays:
-        reasons.append(f"not YYYY-MM-DD folders, never ingested: {', '.join(strays[:10])}")
+        not_requested[STRAYS] = strays[:10]
+    wording = {SETTLING: f"waiting {config.landing.settle_seconds:g} s for landing to settle", **REASON_WORDING}
+    reasons = [
+        f"{wording.get(why, why)}: {', '.join(not_requested[why])}" for why in REASON_ORDER if why in not_requested
+    ]
     return requests, {"handled": handled, "seen": seen}, reasons
 
 

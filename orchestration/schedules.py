@@ -28,10 +28,15 @@ from orchestration.assets.serving import serving_bundle
 from orchestration.assets.tokenizer import bpe_tokenizer, tokenized_documents
 from orchestration.partitions import CONFIG_PATH, LOCATION_CONFIG
 
+# Every run of a job that builds the dataset manifest carries this tag, and the run queue of the
+# shipped instance configs (configs/dagster*.yaml, `tag_concurrency_limits`) runs one at a time.
+WRITES_DATASET = {"aieng/writes": "dataset"}
+
 daily_ingest_job = dg.define_asset_job(
     "daily_ingest",
     selection=[raw_documents, clean_documents, bpe_tokenizer, tokenized_documents, dataset_manifest],
     description="Snapshot, clean and tokenize one day, then refresh the dataset manifest (the tokenizer stays pinned).",
+    tags=WRITES_DATASET,
 )
 
 # Exactly these assets (and their checks): the data half stays with the daily ingest.
@@ -44,6 +49,7 @@ retrain_job = dg.define_asset_job(
         "Refresh the dataset manifest, train the model on it, benchmark it and bundle it (each reused when its "
         "inputs are unchanged); the sensor sends a new bundle to the promotion gate."
     ),
+    tags=WRITES_DATASET,
 )
 
 

@@ -47,9 +47,11 @@ def cmd_data_report(args: argparse.Namespace) -> int:
 
 
 def cmd_data_status(args: argparse.Namespace) -> int:
+    from aieng_core.config import load_config
     from aieng_core.status import format_status, pipeline_status
 
-    emit(pipeline_status(ArtifactStore(resolve_home(args.home))), args.json, format_status)
+    start_date = load_config(args.config).data.start_date  # which folders are partitions at all
+    emit(pipeline_status(ArtifactStore(resolve_home(args.home)), start_date), args.json, format_status)
     return 0
 
 

@@ -184,6 +184,14 @@ class GateConfig(Section):
             "deployed model's (and must be below the unigram baseline's)."
         ),
     )
+    quality_min_text_bytes: int = Field(
+        default=16384,
+        ge=0,
+        description=(
+            "Quality: a held-out text shorter than this (UTF-8 bytes) is not judged on its own, only in the pooled "
+            "text: a few documents' bits per byte is too noisy to refuse a candidate on."
+        ),
+    )
     compare_rounds: int = Field(
         default=2,
         ge=1,

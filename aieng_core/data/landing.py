@@ -18,6 +18,7 @@ files' SHA-256: a touched but unchanged file is not new data, an edited one of t
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,6 +128,9 @@ def snapshot_holds(snapshot: Artifact | None, listing: LandingFolder) -> bool:
     return True
 
 
+# A landing folder that is not (yet) a partition the pipeline ingests.
+BEFORE_START = "before data.start_date"
+NOT_YET = "not a partition until the day ends (UTC)"  # today's folder (or a later day's) is still landing
 # A landing folder against what the store made of its partition.
 INGESTED = "ingested"  # the current snapshot holds exactly these files, cleaned and tokenized from it
 PARTLY = "partly ingested"  # snapshotted as landed, but cleaning or tokenizing it is missing or older
@@ -153,3 +157,20 @@ def ingest_state(store: ArtifactStore, listing: LandingFolder) -> str:
         if tokenized is None or clean.id not in tokenized.input_ids(asset_keys.CLEAN_DOCUMENTS):
             return PARTLY
     return INGESTED
+
+
+def calendar_state(partition: str, today: dt.date, start_date: dt.date) -> str | None:
+    """BEFORE_START or NOT_YET for a folder no run may ingest (yet), None for an ingestible day:
+    the first thing the landing sensor and `aieng data status` say about a folder."""
+    day = dt.date.fromisoformat(partition)
+    if day < start_date:
+        return BEFORE_START
+    if day >= today:
+        return NOT_YET
+    return None
+
+
+def landing_state(store: ArtifactStore, listing: LandingFolder, today: dt.date, start_date: dt.date) -> str:
+    """calendar_state, else ingest_state: what `aieng data status` shows per landing folder. The
+    sensor says the same words, and in between one more: still settling (by its own clock)."""
+    return calendar_state(listing.partition, today, start_date) or ingest_state(store, listing)

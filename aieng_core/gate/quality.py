@@ -19,7 +19,8 @@ The candidate is refused when
   that has learned nothing beyond frequencies;
 - or it is worse than the deployed model's by more than `gate.max_quality_regression` (a
   fraction: 0.02 lets it be at most 2% above), on the pooled text or on either text alone
-  (better on its own new documents does not excuse worse on the ones production serves).
+  (better on its own new documents does not excuse worse on the ones production serves); a
+  text shorter than `gate.quality_min_text_bytes` counts in the pooled text only.
 The figures are deterministic (no sampling): the same two models on the same text give the
 same decision every run. A first deployment has only the floor.
 """
@@ -246,7 +247,17 @@ def quality_step(
     figures["worse_by_text"] = {
         name: per_text["candidate"][name] / per_text["deployed"][name] - 1.0 for name in per_text["candidate"]
     }
-    found = regression(pooled, per_text, limit)
+    minimum = config.gate.quality_min_text_bytes
+    judged = [text.name for text in texts if text.bytes >= minimum]
+    figures["quality_min_text_bytes"] = minimum
+    figures["judged_alone"] = judged
+    if len(judged) < len(texts):
+        figures["not_judged_alone"] = {
+            text.name: f"{text.bytes} bytes, under gate.quality_min_text_bytes {minimum}: in the pooled figure only"
+            for text in texts
+            if text.name not in judged
+        }
+    found = regression(pooled, per_text, limit, judged)
     if found is not None:
         where, worse = found
         value = pooled["candidate"] if where == POOLED else per_text["candidate"][where]
@@ -274,16 +285,17 @@ POOLED = "pooled"
 
 
 def regression(
-    pooled: dict[str, float], per_text: dict[str, dict[str, float]], limit: float
+    pooled: dict[str, float], per_text: dict[str, dict[str, float]], limit: float, judged: list[str]
 ) -> tuple[str, float] | None:
     """(where, worse by) of the candidate's first regression beyond `limit`: on the pooled text,
-    else on one text alone; None when there is none. Each text counts on its own so that a
-    candidate far better on its own new documents cannot buy a regression on the documents
-    production already serves well (landed noise does exactly that)."""
+    else on one of the `judged` texts alone; None when there is none. Each text counts on its
+    own so that a candidate far better on its own new documents cannot buy a regression on the
+    documents production already serves well (landed noise does exactly that); one too short to
+    measure on its own (gate.quality_min_text_bytes) counts in the pooled text only."""
     worse = pooled["candidate"] / pooled["deployed"] - 1.0
     if worse > limit:
         return POOLED, worse
-    for name in per_text["candidate"]:
+    for name in judged:
         worse = per_text["candidate"][name] / per_text["deployed"][name] - 1.0
         if worse > limit:
             return name, worse

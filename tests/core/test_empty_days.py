@@ -21,6 +21,8 @@ from aieng_core.tokenizer.tokenized_documents import build_tokenized_documents
 from tests.conftest import land
 from tests.core.helpers import jsonl
 
+START = dt.date(2026, 1, 1)  # data.start_date of the test configs
+
 DATA, EMPTY, ABSENT, LANDED_ONLY = "2026-01-01", "2026-01-02", "2026-01-03", "2026-01-04"
 
 
@@ -54,7 +56,7 @@ def test_empty_and_absent_days_flow_through_and_are_told_apart(home: Path, tiny_
     assert dataset["totals"]["tokens"] == tokenized[DATA].metrics["tokens"]  # training reads only day 1's tokens
 
     land(home, LANDED_ONLY, "a.jsonl", jsonl({"id": "a", "text": "Landed, never ingested, a whole document."}))
-    status = pipeline_status(store)
+    status = pipeline_status(store, START)
     assert {p: item["no_data"] for p, item in status["assets"]["clean_documents"].items()} == {
         DATA: False,
         EMPTY: True,
@@ -79,9 +81,9 @@ def test_a_changed_landing_reads_changed_until_ingested_again(home: Path, tiny_c
     path = land(home, DATA, "a.jsonl", jsonl({"id": "a", "text": "The first version of a landed document."}))
     ingest(store, tiny_config, DATA)
     path.write_bytes(jsonl({"id": "a", "text": "The second version of that landed document!"}))
-    assert pipeline_status(store)["landing"]["partitions"][DATA]["state"] == "changed since ingested"
+    assert pipeline_status(store, START)["landing"]["partitions"][DATA]["state"] == "changed since ingested"
     ingest(store, tiny_config, DATA)
-    assert pipeline_status(store)["landing"]["partitions"][DATA]["state"] == "ingested"
+    assert pipeline_status(store, START)["landing"]["partitions"][DATA]["state"] == "ingested"
 
 
 def test_only_empty_days_train_no_tokenizer(home: Path, tiny_config) -> None:

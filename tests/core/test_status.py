@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import shutil
 from pathlib import Path
@@ -9,9 +10,11 @@ from pathlib import Path
 from aieng_core.status import format_status, pipeline_status
 from aieng_core.store import ArtifactStore
 
+START = dt.date(2026, 1, 1)  # data.start_date of the test configs
+
 
 def test_status_names_every_asset_down_to_the_serving_bundle(serving_bundle_artifact) -> None:
-    status = pipeline_status(serving_bundle_artifact.store)
+    status = pipeline_status(serving_bundle_artifact.store, START)
     assets = status["assets"]
     assert assets["model_checkpoint"]["id"] == serving_bundle_artifact.model.id
     assert assets["serving_bundle"]["id"] == serving_bundle_artifact.bundle.id
@@ -42,5 +45,5 @@ def test_status_flags_a_partial_model(serving_bundle_artifact, tmp_path: Path) -
     manifest = dict(model.manifest)
     manifest["metrics"] = {**manifest["metrics"], "partial": True, "stopped_by": "max_minutes", "steps": 40}
     (model.path / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
-    text = format_status(pipeline_status(store))
+    text = format_status(pipeline_status(store, START))
     assert "PARTIAL: stopped by max_minutes after 40 of 150 steps" in text

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -190,6 +191,49 @@ def stop_group(process: subprocess.Popen[bytes]) -> list[str]:
     return [f"{pid} {' '.join(p.cmdline())[:200]}" for pid, p in survivors.items()]
 
 
+@dataclass
+class DagsterProcess:
+    process: subprocess.Popen[bytes]
+    env: dict[str, str]
+    port: int
+
+
+@contextmanager
+def dagster_in_own_group(
+    program: list[str], root: Path, home: Path, dagster_home: Path, log: Path
+) -> Iterator[DagsterProcess]:
+    """`program` (`dagster dev`, `dagster-webserver`) on a free loopback port, serving
+    workspace.yaml with the test's AIENG_HOME, DAGSTER_HOME and TMPDIR (root/tmp: its workspace
+    file and code-server sockets), in a process group of its own: stopped as one on the way out
+    (stop_group), and failing the test if any of its processes outlives SIGTERM and SIGKILL."""
+    env = dict(os.environ)
+    env.update(
+        AIENG_HOME=str(home),
+        DAGSTER_HOME=str(dagster_home),
+        AIENG_CONFIG=str(TINY_CONFIG),
+        TMPDIR=str(root / "tmp"),
+        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+    )
+    port = free_port()
+    with log.open("wb") as log_file:
+        process = subprocess.Popen(
+            [str(BIN / program[0]), *program[1:], "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group (it and its code servers), stopped as one
+            preexec_fn=default_sigint,
+        )
+    try:
+        yield DagsterProcess(process, env, port)
+    finally:
+        stopping = time.monotonic()
+        survivors = stop_group(process)
+        print(f"{' '.join(program)} stopped in {time.monotonic() - stopping:.1f} s")
+    assert survivors == [], f"processes of {' '.join(program)} outlived SIGTERM and SIGKILL:\n" + "\n".join(survivors)
+
+
 def wait_until_loaded(client: DagsterGraphQLClient, process: subprocess.Popen[bytes], log: Path) -> None:
     """Until the webserver answers GraphQL and the code location has loaded; fails at once if
     `dagster dev` exits or the code location fails to load."""
@@ -295,37 +339,13 @@ def dagster_dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterDev
     (root / "tmp").mkdir()  # dagster dev's workspace file and code-server sockets
     # As shipped: it turns off the onboarding dialog that would cover the screenshot.
     shutil.copy(REPO_ROOT / "configs" / "dagster.yaml", dagster_home / "dagster.yaml")
-    env = dict(os.environ)
-    env.update(
-        AIENG_HOME=str(home),
-        DAGSTER_HOME=str(dagster_home),
-        AIENG_CONFIG=str(TINY_CONFIG),
-        TMPDIR=str(root / "tmp"),
-        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
-    )
-    port = free_port()
     started = time.monotonic()
-    with log.open("wb") as log_file:
-        process = subprocess.Popen(
-            [str(BIN / "dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group, killed as one at the end
-            preexec_fn=default_sigint,
-        )
-    try:
+    with dagster_in_own_group(["dagster", "dev"], root, home, dagster_home, log) as dev:
         land_demo_data(home)  # while dagster dev starts: only the run reads it
-        client = DagsterGraphQLClient("127.0.0.1", port_number=port, timeout=60)
-        wait_until_loaded(client, process, log)
+        client = DagsterGraphQLClient("127.0.0.1", port_number=dev.port, timeout=60)
+        wait_until_loaded(client, dev.process, log)
         print(f"dagster dev answered in {time.monotonic() - started:.1f} s")
-        yield DagsterDev(client=client, port=port, home=home, env=env, log=log)
-    finally:
-        stopping = time.monotonic()
-        survivors = stop_group(process)
-        print(f"dagster dev stopped in {time.monotonic() - stopping:.1f} s")
-    assert survivors == [], "processes of dagster dev outlived SIGTERM and SIGKILL:\n" + "\n".join(survivors)
+        yield DagsterDev(client=client, port=dev.port, home=home, env=dev.env, log=log)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,17 +35,15 @@ from orchestration.definitions import ALL_CHECKS
 from orchestration.resources import AiengResource
 from tests.bundle_fixtures import BundledHome
 from tests.e2e.test_dagster_dev import (
-    BIN,
     CHROMIUM_ARGS,
     PAGE_TIMEOUT_S,
     REPO_ROOT,
     TINY_CONFIG,
-    default_sigint,
-    free_port,
-    stop_group,
+    dagster_in_own_group,
     wait_until_loaded,
 )
 from tests.e2e.ui_pages import DEPLOYED, METADATA_ROWS, READ_ROWS, SHOW_NUX, gate_report
+from tests.orchestration.helpers import TINY_BENCHMARK_HEADLINES
 
 pytestmark = pytest.mark.e2e
 
@@ -61,16 +58,7 @@ HEADLINES = {
         "unigram_baseline_bits_per_byte",
         "training",
     ],
-    "benchmark_report": [
-        "validation_loss",
-        "validation_bits_per_byte",
-        "tokens_per_second_batch_1",
-        "tokens_per_second_batch_4",
-        "ttft_p99_ms_concurrency_1",
-        "ttft_p99_ms_concurrency_4",
-        "throughput_chart",
-        "ttft_p99_chart",
-    ],
+    "benchmark_report": TINY_BENCHMARK_HEADLINES,
     "serving_bundle": ["bundle_id", "validation_loss", "validation_bits_per_byte", "tokens_per_second_batch_1"],
     "production_deployment": ["verdict", "bundle_id", "bits_per_byte_candidate", "bits_per_byte_deployed"],
 }
@@ -123,33 +111,11 @@ def served(serving_bundle_artifact: BundledHome, tmp_path_factory: pytest.TempPa
         metadata = {key: latest_metadata(instance, key) for key in HEADLINES}
     finally:
         instance.dispose()
-    env = dict(os.environ)
-    env.update(
-        AIENG_HOME=str(home),
-        DAGSTER_HOME=str(dagster_home),
-        AIENG_CONFIG=str(TINY_CONFIG),
-        TMPDIR=str(root / "tmp"),
-        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
-    )
-    port = free_port()
-    with log.open("wb") as log_file:
-        process = subprocess.Popen(
-            [str(BIN / "dagster-webserver"), "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group (it and its code server), stopped as one
-            preexec_fn=default_sigint,
-        )
-    try:
-        client = DagsterGraphQLClient("127.0.0.1", port_number=port, timeout=60)
-        wait_until_loaded(client, process, log)
+    with dagster_in_own_group(["dagster-webserver"], root, home, dagster_home, log) as webserver:
+        client = DagsterGraphQLClient("127.0.0.1", port_number=webserver.port, timeout=60)
+        wait_until_loaded(client, webserver.process, log)
         assert client._execute(SHOW_NUX)["shouldShowNux"] is False
-        yield Served(port, root / "shots", metadata)
-    finally:
-        survivors = stop_group(process)
-    assert survivors == [], "processes of dagster-webserver outlived SIGTERM and SIGKILL:\n" + "\n".join(survivors)
+        yield Served(webserver.port, root / "shots", metadata)
 
 
 def open_overview(page: Page, port: int, key: str, first_row: str) -> None:

@@ -130,3 +130,17 @@ def flip_a_byte(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
+
+
+# benchmark_report's first metadata rows with configs/tiny.yaml (batch sizes 1 and 4,
+# concurrencies 1 and 4): quality, then speed, then the inline charts.
+TINY_BENCHMARK_HEADLINES = [
+    "validation_loss",
+    "validation_bits_per_byte",
+    "tokens_per_second_batch_1",
+    "tokens_per_second_batch_4",
+    "ttft_p99_ms_concurrency_1",
+    "ttft_p99_ms_concurrency_4",
+    "throughput_chart",
+    "ttft_p99_chart",
+]

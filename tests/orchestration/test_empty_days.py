@@ -15,6 +15,8 @@ from aieng_core.store import ArtifactStore
 from orchestration.definitions import defs
 from tests.orchestration.helpers import check_outcomes, materializations, meta, range_tags, run_materializations
 
+START = dt.date(2026, 1, 1)  # data.start_date of the test configs
+
 DATA, EMPTY, ABSENT = "2026-01-01", "2026-01-02", "2026-01-03"
 
 
@@ -42,7 +44,7 @@ def test_a_range_over_data_empty_and_missing_days_succeeds(home: Path) -> None:
             assert len(materializations(instance, "clean_documents", partition)) == 1
         assert instance.get_materialized_partitions(dg.AssetKey("raw_documents")) == {DATA, EMPTY, ABSENT}
     # The store says the same as the UI.
-    status = pipeline_status(ArtifactStore(home))
+    status = pipeline_status(ArtifactStore(home), START)
     assert {p: item["no_data"] for p, item in status["assets"]["raw_documents"].items()} == {
         DATA: False,
         EMPTY: True,

@@ -15,6 +15,7 @@ import dagster as dg
 from aieng_core.data.clean_documents import build_clean_documents
 from aieng_core.data.landing import landing_folder
 from aieng_core.data.raw_documents import build_raw_documents
+from aieng_core.status import pipeline_status
 from aieng_core.store import ArtifactStore
 from orchestration.definitions import defs
 from orchestration.landing import landing_requests, read_cursor
@@ -154,6 +155,14 @@ def test_empty_days_run_and_days_that_are_not_partitions_do_not(home: Path) -> N
         "before data.start_date 2026-01-01: 2025-12-31",
         "not YYYY-MM-DD folders, never ingested: not-a-day",
     ]
+    # `aieng data status` says the same of each folder, on the same day.
+    landing = pipeline_status(ArtifactStore(home), dt.date(2026, 1, 1), T0.date())["landing"]
+    assert {p: entry["state"] for p, entry in landing["partitions"].items()} == {
+        "2025-12-31": "before data.start_date",
+        DAY: "not ingested",
+        today: "not a partition until the day ends (UTC)",
+    }
+    assert landing["other_entries"] == ["not-a-day"]
 
 
 def test_a_folder_removed_and_landed_again_is_looked_at_again(home: Path) -> None:

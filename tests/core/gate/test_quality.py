@@ -145,6 +145,10 @@ def test_a_better_candidate_passes_the_quality_step(trained: Trained) -> None:
     assert figures["worse_by"] < 0 and figures["deployed"]["bundle_id"] == trained.worse.id
     assert figures["candidate"]["bits_per_byte"] < figures["unigram"]["bits_per_byte"]
     assert [t["name"] for t in figures["texts"]] == ["candidate_validation"]
+    minimum = trained.config.gate.quality_min_text_bytes
+    assert figures["quality_min_text_bytes"] == minimum == 16384
+    assert figures["judged_alone"] == [t["name"] for t in figures["texts"] if t["bytes"] >= minimum]
+    assert set(figures.get("not_judged_alone", {})) == {t["name"] for t in figures["texts"] if t["bytes"] < minimum}
 
 
 def test_tiny_config_is_the_one_the_fixture_trained_with(trained: Trained) -> None:
@@ -160,12 +164,19 @@ def test_each_held_out_text_counts_on_its_own() -> None:
         "deployed": {"candidate_validation": 5.88408, "deployed_validation": 3.48345},
     }
     pooled = {"candidate": 3.50013, "deployed": 5.10394}
-    where, worse = regression(pooled, per_text, 0.02)
+    both = ["candidate_validation", "deployed_validation"]
+    where, worse = regression(pooled, per_text, 0.02, both)
     assert where == "deployed_validation" and worse == pytest.approx(3.74435 / 3.48345 - 1)
+    # A text under gate.quality_min_text_bytes counts in the pooled figure only.
+    assert regression(pooled, per_text, 0.02, ["candidate_validation"]) is None
     # The retrain that passed in the same demo: 1.7% and 1.8% worse, within 2% on both.
     fair = {
         "candidate": {"candidate_validation": 3.48345, "deployed_validation": 3.5428},
         "deployed": {"candidate_validation": 3.4248, "deployed_validation": 3.47973},
     }
-    assert regression({"candidate": 3.50, "deployed": 3.44}, fair, 0.02) is None
-    assert regression({"candidate": 3.60, "deployed": 3.44}, fair, 0.02) == (POOLED, pytest.approx(3.60 / 3.44 - 1))
+    assert regression({"candidate": 3.50, "deployed": 3.44}, fair, 0.02, both) is None
+    assert regression({"candidate": 3.60, "deployed": 3.44}, fair, 0.02, both) == (
+        POOLED,
+        pytest.approx(3.60 / 3.44 - 1),
+    )
+    assert regression({"candidate": 3.60, "deployed": 3.44}, fair, 0.02, []) == (POOLED, pytest.approx(3.60 / 3.44 - 1))
