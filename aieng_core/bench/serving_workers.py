@@ -7,8 +7,10 @@ never shares a process with another peer, nor with the CTranslate2 converter (wh
 model through transformers: CTranslate2 runs about ten times slower in such a process on this
 machine).
 
-- ours: our engine in-process (Engine.generate): single stream, batches, the 16 mixed
-  requests, and the fp32 torch.matmul peak of this process for the FLOP/s fraction;
+- ours: our engine in-process (Engine.generate), its decode steps captured at warmup
+  (step_graphs.py; the warmup's figures time each bucket's step captured and eager in this
+  process): single stream, batches, the 16 mixed requests, and the fp32 torch.matmul peak of
+  this process for the FLOP/s fraction;
 - transformers: `generate` (greedy, use_cache, sdpa): single stream, batches (left-padded),
   the mixed requests one at a time and as one static left-padded batch;
 - ctranslate2: `Generator.generate_batch` (greedy): single stream, batches, the mixed
@@ -108,6 +110,7 @@ def load_engine(plan: dict[str, Any]) -> Any:
     from aieng_core.model.llama import LlamaConfig, LlamaForCausalLM
     from aieng_core.model.weights import load_into
     from aieng_core.serving.engine import Engine, EngineLimits
+    from aieng_core.serving.step_graphs import AUTO, StepGraphSettings
     from aieng_core.tokenizer.bpe import load_tokenizer
 
     directory = Path(plan["model_dir"])
@@ -116,7 +119,10 @@ def load_engine(plan: dict[str, Any]) -> Any:
     load_into(model, load_file(directory / MODEL_FILE))
     model.eval()
     torch.set_grad_enabled(False)
-    return Engine(model, load_tokenizer(directory), EngineLimits(**plan["limits"]), plan["eos_token_id"])
+    # Decode steps captured at warmup, as a server with serving.step_graphs: auto captures them.
+    graphs = StepGraphSettings(mode=AUTO, cache_dir=Path(plan["work_dir"]) / "step-graph-cache")
+    limits = EngineLimits(**plan["limits"])
+    return Engine(model, load_tokenizer(directory), limits, plan["eos_token_id"], graphs, plan["bundle_id"])
 
 
 def matmul_peak(sizes: Sequence[int]) -> dict[str, Any]:

@@ -80,13 +80,23 @@ class BenchmarkReportMismatch(ValueError):
     """The current benchmark report measured another model than the one the bundle would pack."""
 
 
-def engine_for(model: Any, tokenizer: Any, serving: dict[str, Any], max_waiting: int) -> Any:
+def engine_for(
+    model: Any,
+    tokenizer: Any,
+    serving: dict[str, Any],
+    max_waiting: int,
+    graphs: Any = None,
+    bundle_key: str = "unbundled",
+) -> Any:
     """The engine a bundle's serving.json describes, with a queue of `max_waiting`: the one way
-    a bundle becomes an Engine (recording goldens, replaying them, serving)."""
+    a bundle becomes an Engine (recording goldens, replaying them, serving). `graphs`
+    (StepGraphSettings): how warmup captures its decode steps; None: never (goldens are
+    recorded and replayed eagerly)."""
     from aieng_core.serving.engine import Engine, EngineLimits
+    from aieng_core.serving.step_graphs import StepGraphSettings
 
     limits = EngineLimits(**{name: int(serving[name]) for name in ENGINE_LIMIT_FIELDS}, max_waiting=max_waiting)
-    return Engine(model, tokenizer, limits, int(serving["eos_token_id"]))
+    return Engine(model, tokenizer, limits, int(serving["eos_token_id"]), graphs or StepGraphSettings(), bundle_key)
 
 
 def kv_cache_bytes(model_config: Any, max_batch: int, max_context: int) -> int:

@@ -32,6 +32,7 @@ from aieng_core.store.artifacts import MANIFEST
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
+    from aieng_core.config.serving_sections import ServingConfig
     from aieng_core.model.llama import LlamaForCausalLM
     from aieng_core.serving.engine import Engine
 
@@ -51,9 +52,22 @@ class LoadedBundle:
     tokenizer: Tokenizer
     eos_token_id: int
 
-    def make_engine(self, max_waiting: int) -> Engine:
-        """The bundle's engine with a queue of `max_waiting` (the server's serving.max_waiting)."""
-        return engine_for(self.model, self.tokenizer, self.serving, max_waiting)
+    def make_engine(self, max_waiting: int, serving: ServingConfig | None = None) -> Engine:
+        """The bundle's engine with a queue of `max_waiting` (the server's serving.max_waiting);
+        with the server's `serving` config, its decode steps are captured at warmup as that
+        config says (serving.step_graphs), cached in the store holding the bundle."""
+        graphs = None
+        if serving is not None:
+            from aieng_core.serving.step_graphs import StepGraphSettings
+            from aieng_core.store.lineage import bundle_store
+
+            store = bundle_store(self.path)
+            graphs = StepGraphSettings(
+                mode=serving.step_graphs,
+                max_seconds=serving.warmup_max_seconds,
+                cache_dir=store.home / "cache" / "step-graphs" if store is not None else None,
+            )
+        return engine_for(self.model, self.tokenizer, self.serving, max_waiting, graphs, self.bundle_id)
 
 
 def read_manifest(path: Path) -> dict[str, Any]:

@@ -88,6 +88,25 @@ class ServingConfig(Section):
     )
     threads: int = Field(default=0, ge=0, description="torch intra-op threads of the server; 0: torch's default.")
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="auto: cuda when present, else cpu.")
+    step_graphs: Literal["auto", "compile", "eager"] = Field(
+        default="auto",
+        description=(
+            "Decode steps as compiled graphs captured at warmup, one per batch bucket (serving/step_graphs.py): "
+            "compile: torch.compile (inductor) on the CPU; auto: compile when a C++ compiler is found (on CUDA "
+            "every step runs eagerly for now, and warmup says so); eager: never."
+        ),
+    )
+    warmup_max_seconds: float = Field(
+        default=120.0,
+        ge=0.0,
+        strict=False,
+        description=(
+            "Capturing the step graphs stops after this long (buckets left run eagerly, and warmup says which); "
+            "compiled code is cached under $AIENG_HOME/cache/step-graphs, so a restart pays much less (the "
+            "pipeline model: about 60 s cold on 2 cores, 10 s from the cache). Keep it well under the 180 s a "
+            "server gets to become ready in the gate and the benchmark."
+        ),
+    )
     warmup_prompt_lengths: tuple[int, ...] = Field(
         default=(8, 32, 128),
         strict=False,

@@ -153,7 +153,8 @@ def _headline(name: str, figures: dict[str, Any]) -> str:
         return (
             f"{figures['device']}: first request {figures['cold_first_request_ms']:.1f} ms cold, "
             f"{figures['warm_first_request_ms']:.1f} ms warm; peak memory {figures['peak_memory_bytes'] / 2**20:.0f} "
-            f"MiB of a {figures['memory_budget_bytes'] / 2**30:.2f} GiB budget; CUDA graphs {figures['cuda_graphs']}"
+            f"MiB of a {figures['memory_budget_bytes'] / 2**30:.2f} GiB budget; "
+            f"decode step graphs {figures['step_graphs']['status']}"
         )
     if name == "quality":
         line = f"candidate {figures['candidate']['bits_per_byte']:.4f} bits/byte"

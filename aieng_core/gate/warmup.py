@@ -5,8 +5,10 @@ time a first request right after the load (cold), run the engine's warmup genera
 of `serving.warmup_prompt_lengths`, time the same request again (warm), and one one-token
 forward (what readiness promises). Peak memory is measured against the memory budget rule
 (model/memory.py: weights x 1.3 + 2 GiB): on CUDA torch.cuda.max_memory_allocated, on CPU the
-growth of this process's resident set (sampled every few milliseconds). Decode steps are not
-captured as CUDA graphs (the engine runs them eagerly), and the figures say so.
+growth of this process's resident set (sampled every few milliseconds). The engine's warmup
+captures its decode step graphs (serving/step_graphs.py) as the server's does; the figures
+give, per batch bucket, the capture time and the step time captured versus eager, or why a
+bucket runs eagerly.
 """
 
 from __future__ import annotations
@@ -26,10 +28,6 @@ GIB = 1024**3
 SAMPLE_EVERY_S = 0.005
 # By bytes per parameter, the precision name of model/memory.py's budget.
 PRECISION_BY_BYTES = {4: "fp32", 2: "bf16", 1: "int8"}
-CUDA_GRAPHS_NOT_CAPTURED = (
-    "not captured: the engine runs every decode step eagerly (CUDA graph capture is not implemented)"
-)
-CUDA_GRAPHS_CPU = "not applicable (cpu)"
 
 
 class PeakRss:
@@ -79,7 +77,7 @@ def _load_and_warm(
     started = time.perf_counter()
     # Step 1 replayed the goldens; the bundle is immutable, its files are re-hashed here.
     bundle = load_bundle(bundle_path, device=device, check_goldens=False)
-    engine = bundle.make_engine(max_waiting=serving.max_waiting)
+    engine = bundle.make_engine(max_waiting=serving.max_waiting, serving=serving)
     figures["load_seconds"] = time.perf_counter() - started
     probe = bundle.golden[0]
     new_tokens = max(1, min(int(probe["max_new_tokens"]), engine.limits.max_context - len(probe["prompt_ids"])))
@@ -90,6 +88,7 @@ def _load_and_warm(
     warmup = engine.prepare_to_serve(serving.warmup_prompt_lengths)  # as the server does before readiness
     figures["warmup_seconds"] = time.perf_counter() - started
     figures["warmup_buckets"] = warmup["buckets"]
+    figures["step_graphs"] = warmup["step_graphs"]
     figures["warm_first_request_ms"] = _timed_ms(engine, probe["prompt"], params)
     unique = list({id(p): p for p in bundle.model.parameters()}.values())
     return (
@@ -134,7 +133,6 @@ def warmup_step(bundle_path: Path, config: AiengConfig) -> dict[str, Any]:
         memory_budget_bytes=budget_bytes,
         memory_budget_rule=f"weights ({precision}) x 1.3 + 2 GiB (model/memory.py)",
         memory_budget_used=peak / budget_bytes,
-        cuda_graphs=CUDA_GRAPHS_NOT_CAPTURED if on_cuda else CUDA_GRAPHS_CPU,
     )
     if peak > budget_bytes:
         raise GateFailed(

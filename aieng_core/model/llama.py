@@ -387,19 +387,39 @@ class LlamaForCausalLM(nn.Module):
         lengths: (batch,), how many cached positions (from 0) each row attends to, its own
         included.
         """
+        bias = self.decode_bias(lengths, int(lengths.max()))
+        return self.decode_forward(input_ids, positions, bias, cache_keys, cache_values)
+
+    def decode_bias(self, lengths: torch.Tensor, length: int) -> torch.Tensor:
+        """decode_attention's bias for rows attending `lengths` positions each, over the first
+        `length` cached positions: (batch * kv_heads, groups, length), 0 or -inf."""
+        batch, kv_heads = lengths.shape[0], self.config.num_key_value_heads
+        groups = self.config.num_attention_heads // kv_heads
+        sees = torch.arange(length, device=lengths.device) < lengths[:, None]
+        dtype = self.model.embed_tokens.weight.dtype
+        bias = torch.zeros(sees.shape, dtype=dtype, device=lengths.device).masked_fill_(~sees, float("-inf"))
+        return bias[:, None, None].expand(batch, kv_heads, groups, length).flatten(0, 1)
+
+    @torch.no_grad()
+    def decode_forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        bias: torch.Tensor,
+        cache_keys: list[torch.Tensor],
+        cache_values: list[torch.Tensor],
+    ) -> torch.Tensor:
+        """decode_step's forward, given its bias (decode_bias): tensors in, logits out, no
+        value read back to Python, so serving/step_graphs.py can compile it for one batch size
+        with the attended length left dynamic."""
         x = self.model.embed_tokens(input_ids)
         cos_table, _, sin_signed_table = self._rotary_table(x)
-        batch, length = x.shape[0], int(lengths.max())
-        groups = self.config.num_attention_heads // self.config.num_key_value_heads
-        sees = torch.arange(length, device=x.device) < lengths[:, None]
-        bias = torch.zeros(sees.shape, dtype=x.dtype, device=x.device).masked_fill_(~sees, float("-inf"))
         step = DecodeBatch(
-            rows=torch.arange(batch, device=x.device),
+            rows=torch.arange(x.shape[0], device=x.device),
             positions=positions,
             cos=cos_table[positions].unsqueeze(1),
             sin_signed=sin_signed_table[positions].unsqueeze(1),
-            # (batch, length) -> decode_attention's (batch * kv_heads, groups, length), made once per step.
-            bias=bias[:, None, None].expand(batch, self.config.num_key_value_heads, groups, length).flatten(0, 1),
+            bias=bias,
         )
         for layer, keys, values in zip(self.model.layers, cache_keys, cache_values, strict=True):
             x = cast(DecoderLayer, layer).decode(x, keys, values, step)

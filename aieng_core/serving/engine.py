@@ -34,6 +34,7 @@ from aieng_core.serving.request import (
 )
 from aieng_core.serving.sampling import make_generator
 from aieng_core.serving.scheduler import Scheduler
+from aieng_core.serving.step_graphs import StepGraphSettings
 
 log = logging.getLogger("aieng.serving.engine")
 
@@ -87,7 +88,15 @@ class StepStats:
 
 
 class Engine:
-    def __init__(self, model: LlamaForCausalLM, tokenizer: Tokenizer, limits: EngineLimits, eos_token_id: int) -> None:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        tokenizer: Tokenizer,
+        limits: EngineLimits,
+        eos_token_id: int,
+        graphs: StepGraphSettings = StepGraphSettings(),
+        bundle_key: str = "unbundled",
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.limits = limits
@@ -95,7 +104,7 @@ class Engine:
         device = next(model.parameters()).device
         self.pool = KVCachePool.for_model(model.config, limits.max_batch, limits.max_context, device)
         self.scheduler = Scheduler(self.pool, limits.max_waiting, limits.max_prefill_tokens)
-        self.runner = ModelRunner(model, self.pool)
+        self.runner = ModelRunner(model, self.pool, graphs, bundle_key)
         self._token_bytes = token_bytes_table(tokenizer)
         self._detokenizers: dict[int, IncrementalDetokenizer] = {}  # by id(request)
         self.last_step: StepStats | None = None
@@ -261,9 +270,12 @@ class Engine:
         return [output for output in final if output is not None]
 
     def warmup(self, prompt_lengths: Sequence[int], new_tokens: int = 8) -> dict[str, Any]:
-        """One generation per prompt-length bucket, so the first real request of each size
-        does not pay for first-use allocations. Returns seconds per bucket, first run (cold)
-        and again (warm)."""
+        """The decode step graphs captured (step_graphs.py; once per engine), then one
+        generation per prompt-length bucket, so the first real request of each size does not
+        pay for first-use allocations. Returns the capture's figures (`step_graphs`) and
+        seconds per prompt bucket, first run (cold) and again (warm)."""
+        graphs = self.runner.graphs
+        step_graphs = graphs.summary() if graphs.figures else graphs.capture()
         filler = [token for token in self.encode(" the data pipeline" * 64) if token != self.eos_token_id]
         timings = []
         for length in prompt_lengths:
@@ -278,7 +290,7 @@ class Engine:
             timings.append(
                 {"prompt_tokens": length, "new_tokens": new, "cold_seconds": runs[0], "warm_seconds": runs[1]}
             )
-        return {"buckets": timings}
+        return {"buckets": timings, "step_graphs": step_graphs}
 
     def prepare_to_serve(self, prompt_lengths: Sequence[int]) -> dict[str, Any]:
         """What readiness promises, before it turns 200: a warmup generation per prompt length

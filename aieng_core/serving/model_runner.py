@@ -6,8 +6,10 @@ over every running sequence (LlamaForCausalLM.decode_step). Decode rows are the 
 0..n-1, the range in use (the pool hands out the lowest free slot, so it stays packed): the
 cached keys are read as a view and each row attends to its own length. A slot in that range
 with no decoding sequence (free, or just prefilled this step) runs a dummy token that writes
-to the pool's scratch position, so it never touches a live sequence's keys. Then
-sampling.sample picks one token per request: a step plan in, sampled tokens out.
+to the pool's scratch position, so it never touches a live sequence's keys. A decode whose
+rows fit a captured bucket (step_graphs.py) runs that bucket's compiled graph, the rows above
+its own as idle rows; any other runs eagerly. Then sampling.sample picks one token per
+request: a step plan in, sampled tokens out.
 """
 
 from __future__ import annotations
@@ -21,16 +23,26 @@ from aieng_core.model.llama import LlamaForCausalLM
 from aieng_core.serving.kv_cache import KVCachePool
 from aieng_core.serving.request import Request, SampledTokens, StepPlan
 from aieng_core.serving.sampling import sample
+from aieng_core.serving.step_graphs import StepGraphs, StepGraphSettings
 
 
 class ModelRunner:
     """Owns the model it is given: its matrices are laid out for inference (see below)."""
 
-    def __init__(self, model: LlamaForCausalLM, pool: KVCachePool) -> None:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        pool: KVCachePool,
+        graphs: StepGraphSettings = StepGraphSettings(),
+        bundle_key: str = "unbundled",
+    ) -> None:
         self.model = lay_out_for_inference(model)
         self.pool = pool
         self.device = next(model.parameters()).device
         self.pad_id = model.config.pad_token_id
+        # Empty until warmup captures them (Engine.warmup): every step runs eagerly until then.
+        self.graphs = StepGraphs(self.model, pool, graphs, bundle_key)
+        self.captured_steps = 0  # decode steps run in a captured graph, since start
 
     def run(self, plan: StepPlan) -> SampledTokens:
         started = time.perf_counter()
@@ -71,6 +83,11 @@ class ModelRunner:
         """One token for each request (its last, at position num_tokens - 1); logits (n, vocab)
         in the order of `requests`."""
         rows = max(_slot(r) for r in requests) + 1
+        length = max(r.num_tokens for r in requests)
+        bucket = self.graphs.bucket_for(rows)
+        captured = self.graphs.runnable(bucket, length)
+        if captured:
+            rows = bucket  # the rows above the step's own run idle
         # An idle row writes to the scratch position and sees position 0 only (finite zeros or
         # stale keys: its output is thrown away).
         ids = [self.pad_id] * rows
@@ -79,13 +96,15 @@ class ModelRunner:
         for request in requests:
             slot = _slot(request)
             ids[slot], positions[slot], lengths[slot] = request.last_token, request.num_tokens - 1, request.num_tokens
-        logits = self.model.decode_step(
-            torch.tensor(ids, device=self.device),
-            torch.tensor(positions, device=self.device),
-            torch.tensor(lengths, device=self.device),
-            self.pool.keys,
-            self.pool.values,
-        )
+        ids_t = torch.tensor(ids, device=self.device)
+        positions_t = torch.tensor(positions, device=self.device)
+        lengths_t = torch.tensor(lengths, device=self.device)
+        if captured:
+            bias = self.model.decode_bias(lengths_t, length)
+            logits = self.graphs.decode(bucket, ids_t, positions_t, bias)
+            self.captured_steps += 1
+        else:
+            logits = self.model.decode_step(ids_t, positions_t, lengths_t, self.pool.keys, self.pool.values)
         if len(requests) == rows and all(_slot(r) == row for row, r in enumerate(requests)):
             return logits
         return logits[torch.tensor([_slot(r) for r in requests], device=self.device)]

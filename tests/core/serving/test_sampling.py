@@ -124,7 +124,7 @@ def test_top_k_one_breaks_ties_as_argmax_does() -> None:
 def test_temperature_one_draws_in_proportion_to_the_probabilities() -> None:
     counts = draw_counts([0.5, 0.3, 0.2], SamplingParams(max_new_tokens=1, temperature=1.0, seed=0), draws=4000)
 
-    assert dict(counts) == {0: 1953, 1: 1164, 2: 883}
+    assert dict(counts) == {0: 2030, 1: 1209, 2: 761}
     assert [abs(counts[i] / 4000 - p) < 0.03 for i, p in enumerate([0.5, 0.3, 0.2])] == [True] * 3
 
 
@@ -133,9 +133,9 @@ def test_a_low_temperature_sharpens_and_a_high_one_flattens() -> None:
     flat = draw_counts([0.5, 0.3, 0.2], SamplingParams(max_new_tokens=1, temperature=4.0, seed=0), draws=4000)
 
     # temperature 0.5 squares the probabilities: 0.25 : 0.09 : 0.04 -> 0.658, 0.237, 0.105
-    assert dict(sharp) == {0: 2610, 1: 935, 2: 455}
+    assert dict(sharp) == {0: 2663, 1: 912, 2: 425}
     # temperature 4 takes their fourth root: 0.841 : 0.740 : 0.669 -> 0.373, 0.330, 0.297
-    assert dict(flat) == {0: 1431, 1: 1301, 2: 1268}
+    assert dict(flat) == {0: 1502, 1: 1353, 2: 1145}
 
 
 def test_top_k_never_draws_outside_the_k_most_likely() -> None:
@@ -144,7 +144,7 @@ def test_top_k_never_draws_outside_the_k_most_likely() -> None:
     )
 
     assert sorted(counts) == [0, 2]
-    assert dict(counts) == {0: 1131, 2: 869}  # renormalised 0.4 : 0.3 -> 0.571, 0.429
+    assert dict(counts) == {0: 1128, 2: 872}  # renormalised 0.4 : 0.3 -> 0.571, 0.429
 
 
 def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
@@ -233,3 +233,15 @@ def test_a_temperature_below_the_greedy_threshold_is_greedy() -> None:
     assert SamplingParams(max_new_tokens=1, temperature=GREEDY_TEMPERATURE / 10).greedy
     assert SamplingParams(max_new_tokens=1, temperature=1e-45).greedy
     assert not SamplingParams(max_new_tokens=1, temperature=GREEDY_TEMPERATURE).greedy
+
+
+def test_inverse_cdf_draws_match_the_probabilities_over_many_draws() -> None:
+    """The batched draw (one uniform per row, searched in the row's CDF) is unbiased: 30,000
+    draws of five rows at once land within 1% of every probability (3.5 standard errors)."""
+    probs = [0.4, 0.25, 0.2, 0.1, 0.05]
+    logits = torch.tensor([[math.log(p) for p in probs]] * 5)
+    requests = [request(SamplingParams(max_new_tokens=1, temperature=1.0, seed=seed), f"r{seed}") for seed in range(5)]
+    counts: Counter[int] = Counter()
+    for _ in range(6000):
+        counts.update(sample(logits, requests))
+    assert [abs(counts[i] / 30000 - p) < 0.01 for i, p in enumerate(probs)] == [True] * 5

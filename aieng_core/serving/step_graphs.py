@@ -1,0 +1,256 @@
+"""Decode steps as compiled graphs, one per batch-size bucket, captured during warmup.
+
+At this model's size a decode step is a few hundred small operator calls, and dispatching
+each from Python costs more than its arithmetic (the seeds' section on operator fusion and
+CUDA graphs). So, as vLLM and nano-vllm capture a CUDA graph per batch size, the engine
+compiles `LlamaForCausalLM.decode_forward` once per bucket of batch sizes (1, 2, 4, ...,
+max_batch) with torch.compile (inductor: fused C++ kernels on the CPU), and a step runs in the
+smallest bucket that holds its rows; the rows above it are idle rows (model_runner.py), so the
+graph's batch is static. The attended length is the one dimension left dynamic (2 to
+max_context): one graph serves every length without attending padding up to a length bucket,
+and never recompiles at serving time (a step outside what was captured runs eagerly).
+
+Capture happens in `capture()`, during warmup, bucket by bucket from batch 1 up, until
+`serving.warmup_max_seconds` is spent; each bucket's capture time and its step time captured
+and eager (same inputs, same process) are the warmup's figures. A bucket that cannot be
+captured (no C++ compiler, an op that breaks the graph, the time bound) runs eagerly, and the
+figures and the log say why. Inductor's compiled code is cached on disk under
+`<cache_dir>/torch-<version>/<bundle id>`, so a restart of the same bundle loads it instead of
+compiling again. CUDA graphs (torch.cuda.graph) are not captured yet: on CUDA the engine runs
+eagerly and says so.
+
+Greedy tokens are the same captured or not (tests/core/serving/test_step_graphs.py): the
+fused kernels change the logits in the last bits only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aieng_core.model.llama import LlamaForCausalLM
+from aieng_core.serving.kv_cache import KVCachePool
+
+log = logging.getLogger("aieng.serving.step_graphs")
+
+EAGER, COMPILE, AUTO = "eager", "compile", "auto"
+MIN_LENGTH = 2  # a decoding row attends at least its prompt's token and its first output
+TIMED_STEPS = 10  # per bucket and path, after one untimed step
+# Every engine of a process compiles the same decode_forward: room for all their buckets
+# (dynamo's default of 8 graphs per function would silently fall back to eager).
+RECOMPILE_LIMIT = 256
+
+
+@dataclass(frozen=True)
+class StepGraphSettings:
+    """serving.step_graphs and serving.warmup_max_seconds, and where compiled code is cached."""
+
+    mode: str = EAGER  # eager | compile | auto (compile on CPU when a C++ compiler is found)
+    max_seconds: float = 120.0
+    cache_dir: Path | None = None  # None: inductor's default (a temporary directory)
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    """1, 2, 4, ... below max_batch, then max_batch itself."""
+    buckets, size = [], 1
+    while size < max_batch:
+        buckets.append(size)
+        size *= 2
+    return [*buckets, max_batch]
+
+
+@dataclass
+class BucketFigures:
+    batch: int
+    captured: bool = False
+    capture_seconds: float | None = None
+    eager_step_ms: float | None = None
+    captured_step_ms: float | None = None
+    reason: str | None = None  # why not captured
+
+    def summary(self) -> dict[str, Any]:
+        figures: dict[str, Any] = {"batch": self.batch, "captured": self.captured}
+        if self.captured:
+            figures.update(
+                capture_seconds=self.capture_seconds,
+                eager_step_ms=self.eager_step_ms,
+                captured_step_ms=self.captured_step_ms,
+                speedup=(self.eager_step_ms or 0.0) / max(self.captured_step_ms or 0.0, 1e-9),
+            )
+        else:
+            figures["reason"] = self.reason
+        return figures
+
+
+@dataclass
+class StepGraphs:
+    """The compiled decode step of each captured bucket; `decode` runs a step in one."""
+
+    model: LlamaForCausalLM
+    pool: KVCachePool
+    settings: StepGraphSettings
+    bundle_key: str = "unbundled"  # the bundle id: the cache directory's last part
+    graphs: dict[int, Callable[..., torch.Tensor]] = field(default_factory=dict)
+    figures: list[BucketFigures] = field(default_factory=list)
+    reason: str | None = None  # why nothing is captured, when nothing is
+    capture_seconds: float = 0.0
+
+    @property
+    def buckets(self) -> list[int]:
+        return batch_buckets(self.pool.max_batch)
+
+    def bucket_for(self, rows: int) -> int:
+        return next(size for size in self.buckets if size >= rows)
+
+    def runnable(self, bucket: int, length: int) -> bool:
+        return bucket in self.graphs and MIN_LENGTH <= length <= self.pool.max_context
+
+    def decode(self, bucket: int, ids: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """The captured step of `bucket` (runnable) on inputs of exactly `bucket` rows."""
+        torch._dynamo.mark_dynamic(bias, 2, min=MIN_LENGTH, max=self.pool.max_context)
+        return self.graphs[bucket](ids, positions, bias, self.pool.keys, self.pool.values)
+
+    # ---- warmup ----------------------------------------------------------------------------
+    def capture(self) -> dict[str, Any]:
+        """Compile every bucket that fits in settings.max_seconds; the warmup's figures."""
+        started = time.perf_counter()
+        self.reason = unavailable(self.settings.mode, self.pool.keys[0].device)
+        if self.reason is None:
+            with inductor_cache(self._cache_dir()), torch.inference_mode():
+                self._capture_buckets(started)
+        else:
+            self.figures = [BucketFigures(size, reason=self.reason) for size in self.buckets]
+        self.capture_seconds = time.perf_counter() - started
+        summary = self.summary()
+        if self.reason is not None or not all(f.captured for f in self.figures):
+            log.warning("decode step graphs: %s", summary["status"])
+        else:
+            log.info("decode step graphs: %s", summary["status"])
+        return summary
+
+    def _capture_buckets(self, started: float) -> None:
+        _allow_every_bucket()
+        self.model._rotary_table(self.pool.keys[0])  # made once, eagerly: the graphs read it
+        compiled = torch.compile(self.model.decode_forward, fullgraph=True, dynamic=False)
+        for size in self.buckets:
+            figures = BucketFigures(size)
+            self.figures.append(figures)
+            spent = time.perf_counter() - started
+            if spent >= self.settings.max_seconds:
+                figures.reason = (
+                    f"not captured: warmup spent {spent:.0f} s of serving.warmup_max_seconds "
+                    f"({self.settings.max_seconds:g})"
+                )
+                continue
+            ids, positions, bias = self._idle_inputs(size)
+            try:
+                began = time.perf_counter()
+                torch._dynamo.mark_dynamic(bias, 2, min=MIN_LENGTH, max=self.pool.max_context)
+                compiled(ids, positions, bias, self.pool.keys, self.pool.values)
+                figures.capture_seconds = time.perf_counter() - began
+            except Exception as exc:  # an op that breaks the graph, a compiler that fails
+                figures.reason = f"not captured: {type(exc).__name__}: {first_line(exc)}"
+                log.exception("decode step graph for batch %d failed to compile; it runs eagerly", size)
+                if size == 1:  # the same failure would repeat for every bucket
+                    self.reason = figures.reason
+                    self.figures += [BucketFigures(s, reason=figures.reason) for s in self.buckets[1:]]
+                    return
+                continue
+            self.graphs[size] = compiled
+            figures.captured = True
+            args = (ids, positions, bias, self.pool.keys, self.pool.values)
+            figures.eager_step_ms = self._time(functools.partial(self.model.decode_forward, *args))
+            figures.captured_step_ms = self._time(functools.partial(self.decode, size, ids, positions, bias))
+
+    def _idle_inputs(self, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Inputs of `size` idle rows (the scratch position, attending MIN_LENGTH positions):
+        capturing and timing them never touches a live sequence's keys."""
+        device = self.pool.keys[0].device
+        ids = torch.full((size,), int(self.model.config.pad_token_id or 0), dtype=torch.long, device=device)
+        positions = torch.full((size,), self.pool.scratch_position, dtype=torch.long, device=device)
+        lengths = torch.full((size,), MIN_LENGTH, dtype=torch.long, device=device)
+        return ids, positions, self.model.decode_bias(lengths, MIN_LENGTH)
+
+    @staticmethod
+    def _time(step: Callable[[], Any]) -> float:
+        step()
+        began = time.perf_counter()
+        for _ in range(TIMED_STEPS):
+            step()
+        return (time.perf_counter() - began) * 1000.0 / TIMED_STEPS
+
+    def _cache_dir(self) -> Path | None:
+        if self.settings.cache_dir is None:
+            return None
+        return self.settings.cache_dir / f"torch-{torch.__version__}" / self.bundle_key
+
+    def summary(self) -> dict[str, Any]:
+        captured = [f.batch for f in self.figures if f.captured]
+        if self.reason is not None:
+            status = self.reason
+        elif len(captured) == len(self.figures):
+            status = f"captured: batch buckets {captured} (torch.compile, inductor)"
+        else:
+            status = f"captured batch buckets {captured} of {[f.batch for f in self.figures]}; the others run eagerly"
+        return {
+            "mode": self.settings.mode,
+            "status": status,
+            "captured_buckets": captured,
+            "capture_seconds": self.capture_seconds,
+            "warmup_max_seconds": self.settings.max_seconds,
+            "cache_dir": str(self._cache_dir()) if self._cache_dir() else None,
+            "buckets": [f.summary() for f in self.figures],
+        }
+
+
+def unavailable(mode: str, device: torch.device) -> str | None:
+    """Why no step can be captured in `mode` on `device`, or None when capture is worth trying."""
+    if mode == EAGER:
+        return "not captured: serving.step_graphs is eager"
+    if device.type == "cuda":
+        return "not captured: CUDA graph capture is not implemented yet; every decode step runs eagerly"
+    if device.type != "cpu":
+        return f"not captured: no step graphs on {device.type}"
+    compiler = os.environ.get("CXX") or "g++"
+    if shutil.which(compiler) is None:
+        return f"not captured: no C++ compiler ({compiler!r} not found on PATH) for inductor; steps run eagerly"
+    return None
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else "(no message)"
+
+
+def _allow_every_bucket() -> None:
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
+    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, RECOMPILE_LIMIT)
+
+
+@contextlib.contextmanager
+def inductor_cache(directory: Path | None) -> Iterator[None]:
+    """Inductor's on-disk cache (TORCHINDUCTOR_CACHE_DIR) at `directory` while it compiles."""
+    if directory is None:
+        yield
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(directory)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
