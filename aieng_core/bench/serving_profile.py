@@ -85,6 +85,8 @@ def _run(engine: Any, bucket: dict[str, float], until_decode: bool = False) -> l
         started = time.perf_counter()
         engine.step()
         wall = time.perf_counter() - started
+        step = engine.last_step
+        chunks = engine.last_prefill_chunks
         records.append(
             {
                 "wall": wall,
@@ -92,6 +94,9 @@ def _run(engine: Any, bucket: dict[str, float], until_decode: bool = False) -> l
                 "decode_rows": rows,
                 "attended": sum(lengths),
                 "attention_cells": rows * max(lengths, default=0),
+                "prefill_tokens": step.prefill_tokens if step else 0,
+                # What the same prefill computed when prompts were right-padded to the longest.
+                "prefill_cells_right_padded": len(chunks) * max(chunks, default=0),
             }
         )
     return records
@@ -101,6 +106,10 @@ def _steps(engine: Any, prompts: list[list[int]], new: int) -> list[dict[str, An
     with _timed(engine) as bucket:
         _admit(engine, prompts, new)
         return _run(engine, bucket)
+
+
+def _padded(records: list[dict[str, Any]]) -> int:
+    return sum(r["prefill_cells_right_padded"] for r in records)
 
 
 def _split(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -124,6 +133,11 @@ def _split(records: list[dict[str, Any]]) -> dict[str, Any]:
         "attention_padding_share": 1 - sum(r["attended"] for r in decode_only) / cells if cells else 0.0,
         "prefill_steps": len(records) - len(decode_only),
         "prefill_ms_total": sum(r["prefill"] for r in records) * 1000,
+        # Packed prefill computes only the prompts' tokens; right-padding them computed this share more.
+        "prefill_padding_share": 0.0,
+        "prefill_padding_share_if_right_padded": (
+            1 - sum(r["prefill_tokens"] for r in records) / padded if (padded := _padded(records)) else 0.0
+        ),
     }
 
 

@@ -30,9 +30,12 @@ class BundleConfig(Section):
         default=256, ge=8, description="Prompt + generated tokens per sequence; at most model.max_position_embeddings."
     )
     max_prefill_tokens: int = Field(
-        default=4096,
+        default=256,
         ge=1,
-        description="Prompt tokens prefilled per engine step (at least one request is admitted per step).",
+        description=(
+            "Prompt tokens prefilled per engine step, beside the running decodes: a longer prompt (or a burst of "
+            "prompts) is prefilled in chunks over several steps, so no step stalls every stream for longer."
+        ),
     )
     default_max_new_tokens: int = Field(default=64, ge=1, description="Request default when a request names none.")
     default_temperature: float = Field(default=0.0, ge=0.0, strict=False, description="Request default; 0 is greedy.")

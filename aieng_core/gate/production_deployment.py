@@ -63,7 +63,8 @@ BUNDLE_KIND = asset_keys.SERVING_BUNDLE
 # v3: a quality step; speed compared served, interleaved, with an interval (not against recorded
 # figures); withdrawn bundles refused. v4: an open speed answer earns more rounds (compare_max_rounds).
 # v5: a held-out text under gate.quality_min_text_bytes is judged in the pooled text only.
-CODE_VERSION = "production_deployment-v5"
+# v6: servers capture their decode step graphs at warmup; the warmup figures report them.
+CODE_VERSION = "production_deployment-v6"
 PROMOTE_REASON = "gate passed"
 GATE_LOCK = ".gate.lock"  # under $AIENG_HOME/deployments/: held for a whole gate
 

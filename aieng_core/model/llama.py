@@ -150,26 +150,31 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     return torch.bmm(torch.softmax(scores, dim=-1), values).view(batch, heads * head_dim)
 
 
-class LayerCache(NamedTuple):
-    """One layer's view of the KV cache for a prefill.
+class PrefillSegment(NamedTuple):
+    """One prompt chunk of a packed prefill: tokens start..start+length-1 of the packed
+    sequence are positions offset..offset+length-1 of cache slot `slot`."""
 
-    keys, values: the layer's cache, (slots, kv_heads, positions, head_dim).
-    slots: (batch,) the slot of each row. positions: (batch, seq) the position of each token;
-    its keys and values are written there. Each row is a prompt from position 0 (right-padded:
-    a causal mask keeps real tokens from seeing the padding after them), so attention runs over
-    the forward's own keys.
+    start: int
+    length: int
+    offset: int  # the prompt's tokens already in the cache (chunked prefill); 0 for a first chunk
+    slot: int
+
+
+class PrefillBatch(NamedTuple):
+    """What every layer of a packed prefill shares: the admitted prompt chunks one after the
+    other as one sequence of T tokens, no padding between them.
+
+    slots, positions: (T,), where each token's key and value go. cos, sin_signed: (T, 1,
+    head_dim) rotary factors at those positions. segments: the chunks. masks: for a chunk with
+    cached tokens before it, (length, offset + length), True where a token sees a position.
     """
 
-    keys: torch.Tensor
-    values: torch.Tensor
     slots: torch.Tensor
     positions: torch.Tensor
-
-    def write(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        # k, v: (batch, kv_heads, seq, head_dim); the indexed cache view is (batch, seq, kv_heads, head_dim).
-        rows = self.slots[:, None]
-        self.keys[rows, :, self.positions] = k.transpose(1, 2)
-        self.values[rows, :, self.positions] = v.transpose(1, 2)
+    cos: torch.Tensor
+    sin_signed: torch.Tensor
+    segments: tuple[PrefillSegment, ...]
+    masks: tuple[torch.Tensor | None, ...]
 
 
 class DecodeBatch(NamedTuple):
@@ -200,18 +205,44 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, (self.n_heads + 2 * self.n_kv_heads) * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, config.hidden_size, bias=False)
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
         qkv = self.qkv_proj(x).view(batch, seq, self.n_heads + 2 * self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k, v = qkv.split([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=1)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if cache is not None:  # prefill: keys and values are kept; the prompt attends to itself
-            cache.write(k, v)
         # Grouped-query attention: each key/value head serves n_heads / n_kv_heads query heads.
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
         return self.o_proj(y.transpose(1, 2).reshape(batch, seq, self.n_heads * self.head_dim))
+
+    def prefill(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch: PrefillBatch) -> torch.Tensor:
+        """x: (T, hidden), the packed chunks; their keys and values go into the cache, and each
+        chunk attends causally to its own prompt only (its cached start, then itself)."""
+        tokens = x.shape[0]
+        qkv = self.qkv_proj(x).view(tokens, self.n_heads + 2 * self.n_kv_heads, self.head_dim)
+        qk, v = qkv.split([self.n_heads + self.n_kv_heads, self.n_kv_heads], dim=1)
+        q, k = apply_rotary_signed(qk, batch.cos, batch.sin_signed).split([self.n_heads, self.n_kv_heads], dim=1)
+        keys[batch.slots, :, batch.positions] = k
+        values[batch.slots, :, batch.positions] = v
+        gqa = self.n_kv_heads != self.n_heads
+        y = torch.empty_like(q)
+        for segment, mask in zip(batch.segments, batch.masks, strict=True):
+            rows = slice(segment.start, segment.start + segment.length)
+            queries = q[rows].transpose(0, 1)  # (heads, length, head_dim)
+            if mask is None:  # a whole prompt, or its first chunk: it attends to itself
+                out = F.scaled_dot_product_attention(
+                    queries, k[rows].transpose(0, 1), v[rows].transpose(0, 1), is_causal=True, enable_gqa=gqa
+                )
+            else:  # a later chunk: its prompt's cached keys, then its own
+                seen = segment.offset + segment.length
+                out = F.scaled_dot_product_attention(
+                    queries,
+                    keys[segment.slot, :, :seen],
+                    values[segment.slot, :, :seen],
+                    attn_mask=mask,
+                    enable_gqa=gqa,
+                )
+            y[rows] = out.transpose(0, 1)
+        return self.o_proj(y.view(tokens, self.n_heads * self.head_dim))
 
     def decode(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, step: DecodeBatch) -> torch.Tensor:
         """x: (batch, hidden), one token per row; its key and value go into the cache first."""
@@ -247,11 +278,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def prefill(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch: PrefillBatch) -> torch.Tensor:
+        x = x + self.self_attn.prefill(self.input_layernorm.fused(x), keys, values, batch)
+        return x + self.mlp(self.post_attention_layernorm.fused(x))
 
     def decode(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, step: DecodeBatch) -> torch.Tensor:
         x = x + self.self_attn.decode(self.input_layernorm.fused(x), keys, values, step)
@@ -350,27 +383,39 @@ class LlamaForCausalLM(nn.Module):
         return logits, loss
 
     @torch.no_grad()
-    def forward_cached(
+    def prefill_packed(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         slots: torch.Tensor,
+        segments: tuple[PrefillSegment, ...],
         cache_keys: list[torch.Tensor],
         cache_values: list[torch.Tensor],
-        last_index: torch.Tensor,
+        last_rows: torch.Tensor,
     ) -> torch.Tensor:
-        """A prefill: next-token logits (batch, vocab), writing the KV cache (see LayerCache).
-
-        input_ids and positions: (batch, seq), right-padded prompts; `last_index` (batch,) is
-        each prompt's last real position, the one whose logits are sampled.
-        """
+        """A prefill of prompt chunks packed into one sequence (see PrefillBatch), writing the
+        KV cache: next-token logits (len(last_rows), vocab) at the packed rows `last_rows` (the
+        last token of each chunk that ends its prompt). input_ids, positions, slots: (T,)."""
         x = self.model.embed_tokens(input_ids)
-        cos_table, sin_table, _ = self._rotary_table(x)
-        cos, sin = cos_table[positions].unsqueeze(1), sin_table[positions].unsqueeze(1)  # (batch, 1, seq, head_dim)
+        cos_table, _, sin_signed_table = self._rotary_table(x)
+        masks = tuple(
+            None
+            if segment.offset == 0
+            else torch.arange(segment.offset + segment.length, device=x.device)[None, :]
+            <= torch.arange(segment.offset, segment.offset + segment.length, device=x.device)[:, None]
+            for segment in segments
+        )
+        batch = PrefillBatch(
+            slots,
+            positions,
+            cos_table[positions].unsqueeze(1),
+            sin_signed_table[positions].unsqueeze(1),
+            segments,
+            masks,
+        )
         for layer, keys, values in zip(self.model.layers, cache_keys, cache_values, strict=True):
-            x = layer(x, cos, sin, LayerCache(keys, values, slots, positions))
-        x = x[torch.arange(x.shape[0], device=x.device), last_index]  # only the logits we sample from
-        return self.lm_head(self.model.norm(x))
+            x = cast(DecoderLayer, layer).prefill(x, keys, values, batch)
+        return self.lm_head(self.model.norm.fused(x[last_rows]))
 
     @torch.no_grad()
     def decode_step(

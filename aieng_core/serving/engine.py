@@ -27,6 +27,7 @@ from aieng_core.serving.kv_cache import KVCachePool
 from aieng_core.serving.model_runner import ModelRunner
 from aieng_core.serving.request import (
     FAILED_TOKEN,
+    NO_TOKEN,
     FinishReason,
     Request,
     RequestError,
@@ -108,6 +109,7 @@ class Engine:
         self._token_bytes = token_bytes_table(tokenizer)
         self._detokenizers: dict[int, IncrementalDetokenizer] = {}  # by id(request)
         self.last_step: StepStats | None = None
+        self.last_prefill_chunks: list[int] = []  # tokens of each prompt chunk the last step prefilled
 
     # ---- requests ------------------------------------------------------------------------
     def encode(self, prompt: str) -> list[int]:
@@ -166,12 +168,14 @@ class Engine:
         started = time.perf_counter()
         plan = self.scheduler.schedule()
         scheduled = time.perf_counter()
+        self.last_prefill_chunks = [length for _, length in plan.prefill_chunks]
         outputs = [(request, self._finished_output(request)) for request in plan.finished]
         if plan.empty:
             return outputs
         admitted = time.monotonic()
         for request in plan.prefill:
-            request.scheduled_time = admitted
+            if request.scheduled_time is None:  # its first chunk
+                request.scheduled_time = admitted
         try:
             result = self.runner.run(plan)
         except Exception:
@@ -181,7 +185,8 @@ class Engine:
         ran = time.perf_counter()
         now = time.monotonic()
         for request, token in zip((*plan.prefill, *plan.decode), result.tokens, strict=True):
-            outputs.append((request, self._advance(request, token, now)))
+            if token != NO_TOKEN:  # NO_TOKEN: a prompt chunk that does not end its prompt
+                outputs.append((request, self._advance(request, token, now)))
         self.last_step = StepStats(
             batch_size=plan.batch_size,
             prefill_requests=len(plan.prefill),

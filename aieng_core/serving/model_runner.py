@@ -1,8 +1,9 @@
 """The model runner: how one engine step runs on the model (the scheduler decides who runs).
 
-A step is at most two batched forwards: one prefill over the newly admitted prompts
-(right-padded to the longest; each writes its keys/values into its own slot) and one decode
-over every running sequence (LlamaForCausalLM.decode_step). Decode rows are the pool's slots
+A step is at most two batched forwards: one prefill of this step's prompt chunks packed into
+one sequence, with no padding (LlamaForCausalLM.prefill_packed: each chunk writes its keys and
+values into its own slot and attends to its own prompt only), and one decode over every
+running sequence (LlamaForCausalLM.decode_step). Decode rows are the pool's slots
 0..n-1, the range in use (the pool hands out the lowest free slot, so it stays packed): the
 cached keys are read as a view and each row attends to its own length. A slot in that range
 with no decoding sequence (free, or just prefilled this step) runs a dummy token that writes
@@ -19,9 +20,9 @@ from collections.abc import Sequence
 
 import torch
 
-from aieng_core.model.llama import LlamaForCausalLM
+from aieng_core.model.llama import LlamaForCausalLM, PrefillSegment
 from aieng_core.serving.kv_cache import KVCachePool
-from aieng_core.serving.request import Request, SampledTokens, StepPlan
+from aieng_core.serving.request import NO_TOKEN, Request, SampledTokens, StepPlan
 from aieng_core.serving.sampling import sample
 from aieng_core.serving.step_graphs import StepGraphs, StepGraphSettings
 
@@ -48,34 +49,49 @@ class ModelRunner:
         started = time.perf_counter()
         tokens: list[int] = []
         if plan.prefill:
-            tokens += sample(self.prefill_logits(plan.prefill), plan.prefill)
+            tokens += self.prefill(plan.prefill)
         if plan.decode:
             tokens += sample(self.decode_logits(plan.decode), plan.decode)
         return SampledTokens(
             tokens=tuple(tokens),
-            prefill_tokens=sum(r.num_tokens for r in plan.prefill),
+            prefill_tokens=sum(r.prefill_length for r in plan.prefill),
             decode_tokens=len(plan.decode),
             forward_seconds=time.perf_counter() - started,
         )
 
+    def prefill(self, requests: Sequence[Request]) -> list[int]:
+        """Each request's chunk into its slot; the first token of each whose chunk ends its
+        prompt, NO_TOKEN for the others (their prompts continue next step)."""
+        completing = [r for r in requests if r.prefill_completes]
+        logits = self.prefill_logits(requests)
+        sampled = iter(sample(logits, completing) if completing else [])
+        return [next(sampled) if r.prefill_completes else NO_TOKEN for r in requests]
+
     @torch.inference_mode()
     def prefill_logits(self, requests: Sequence[Request]) -> torch.Tensor:
-        """Writes each request's tokens so far into its slot; logits for the next token, (n, vocab)."""
-        lengths = [r.num_tokens for r in requests]
-        longest = max(lengths)
-        ids = torch.full((len(requests), longest), self.pad_id, dtype=torch.long)
-        for row, request in enumerate(requests):
-            ids[row, : lengths[row]] = torch.tensor(request.prompt_ids + request.output_ids)
-        positions = torch.arange(longest).expand(len(requests), longest)
-        slots = torch.tensor([_slot(r) for r in requests])
-        last = torch.tensor(lengths) - 1
-        return self.model.forward_cached(
-            ids.to(self.device),
-            positions.to(self.device),
-            slots.to(self.device),
+        """Writes each request's chunk (prefill_start, prefill_length) into its slot; logits for
+        the next token of each request whose chunk ends its prompt, (n, vocab) in order."""
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        segments: list[PrefillSegment] = []
+        last_rows: list[int] = []
+        for request in requests:
+            start, length, slot = request.prefill_start, request.prefill_length, _slot(request)
+            segments.append(PrefillSegment(len(ids), length, start, slot))
+            ids += request.prompt_ids[start : start + length]
+            positions += range(start, start + length)
+            slots += [slot] * length
+            if request.prefill_completes:
+                last_rows.append(len(ids) - 1)
+        return self.model.prefill_packed(
+            torch.tensor(ids, device=self.device),
+            torch.tensor(positions, device=self.device),
+            torch.tensor(slots, device=self.device),
+            tuple(segments),
             self.pool.keys,
             self.pool.values,
-            last.to(self.device),
+            torch.tensor(last_rows, dtype=torch.long, device=self.device),
         )
 
     @torch.inference_mode()

@@ -90,6 +90,11 @@ class Request:
     finish_time: float | None = None
     # Per-request random generator for sampling (a torch.Generator), made at admission.
     generator: Any = None
+    # Chunked prefill: prompt tokens whose keys and values are in the cache (or scheduled to be,
+    # by the step being planned), and the chunk the current step prefills (start, length).
+    num_prefilled: int = 0
+    prefill_start: int = 0
+    prefill_length: int = 0
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
 
     def __post_init__(self) -> None:
@@ -104,6 +109,11 @@ class Request:
     def num_tokens(self) -> int:
         """Prompt plus generated tokens: the sequence's length so far."""
         return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def prefill_completes(self) -> bool:
+        """Whether this step's prefill chunk ends the prompt: its logits give the first token."""
+        return self.prefill_start + self.prefill_length == self.num_prompt_tokens
 
     @property
     def last_token(self) -> int:
@@ -125,9 +135,11 @@ class Request:
 class StepPlan:
     """What the scheduler decided for one engine step.
 
-    prefill: newly admitted requests, each already holding a slot; the runner writes their
-    prompts' keys/values and samples their first token. decode: requests that already have at
-    least one generated token; the runner feeds each its last token at position num_tokens - 1.
+    prefill: requests prefilling a chunk of their prompt this step (prefill_start,
+    prefill_length), each holding a slot; the runner writes the chunk's keys/values and, for a
+    chunk that ends the prompt (prefill_completes), samples the first token. decode: requests
+    that already have at least one generated token; the runner feeds each its last token at
+    position num_tokens - 1.
     The two lists are disjoint. finished: requests the scheduler removed before this step
     (cancelled), with their slots already freed, for the engine to report.
     """
@@ -135,6 +147,9 @@ class StepPlan:
     prefill: tuple[Request, ...] = ()
     decode: tuple[Request, ...] = ()
     finished: tuple[Request, ...] = ()
+    # (prefill_start, prefill_length) of each prefill request as planned: the requests' own
+    # fields hold the latest chunk only.
+    prefill_chunks: tuple[tuple[int, int], ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -147,6 +162,8 @@ class StepPlan:
 
 # A token the sampler could not draw for one row: that request fails alone, its batch goes on.
 FAILED_TOKEN = -1
+# No token this step: the request prefilled a chunk that does not end its prompt.
+NO_TOKEN = -2
 
 
 @dataclass(frozen=True)

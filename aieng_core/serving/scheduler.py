@@ -1,8 +1,11 @@
 """The scheduler: which requests run in the next step. Pure Python, no torch.
 
 Continuous (iteration-level) batching: every step, cancelled requests leave and free their
-slots, every running request decodes, and waiting requests are admitted first come, first
-served while a KV slot is free and the prefill token budget allows.
+slots, every running request decodes, and prompts are prefilled within a budget of
+`max_prefill_tokens` per step: first the rest of prompts admitted earlier (chunked prefill),
+then waiting requests, first come, first served, while a KV slot is free and budget is left.
+A prompt longer than the budget is prefilled a chunk per step, beside the running decodes, so
+one long prompt never stalls every stream for a whole prefill.
 """
 
 from __future__ import annotations
@@ -111,17 +114,29 @@ class Scheduler:
         decode = tuple(r for r in self._running.values() if r.output_ids)
 
         prefill: list[Request] = []
-        budget_used = 0
-        while self._waiting and self.pool.free_slots > 0:
-            request = self._waiting[0]
-            # The first admission always fits, else a prompt longer than the budget would wait forever.
-            if prefill and budget_used + request.num_prompt_tokens > self.max_prefill_tokens:
+        budget = self.max_prefill_tokens
+        for request in self._running.values():  # prompts admitted earlier, in admission order
+            if budget == 0:
                 break
-            self._waiting.popleft()
+            if request.num_prefilled < request.num_prompt_tokens:
+                budget -= self._plan_chunk(request, budget)
+                prefill.append(request)
+        while self._waiting and self.pool.free_slots > 0 and budget > 0:
+            request = self._waiting.popleft()
             request.slot = self.pool.allocate(request.request_id)
             request.status = RequestStatus.RUNNING
             self._running[id(request)] = request
+            budget -= self._plan_chunk(request, budget)
             prefill.append(request)
-            budget_used += request.num_prompt_tokens
 
-        return StepPlan(prefill=tuple(prefill), decode=decode, finished=tuple(finished))
+        chunks = tuple((r.prefill_start, r.prefill_length) for r in prefill)
+        return StepPlan(prefill=tuple(prefill), decode=decode, finished=tuple(finished), prefill_chunks=chunks)
+
+    @staticmethod
+    def _plan_chunk(request: Request, budget: int) -> int:
+        """The next chunk of `request`'s prompt, at most `budget` tokens: recorded on the request
+        (prefill_start, prefill_length) and counted as prefilled. Returns its length."""
+        length = min(request.num_prompt_tokens - request.num_prefilled, budget)
+        request.prefill_start, request.prefill_length = request.num_prefilled, length
+        request.num_prefilled += length
+        return length

@@ -386,3 +386,29 @@ def test_an_engine_loop_that_fails_fails_its_requests_and_refuses_new_ones(make_
     assert not loop.running
     with pytest.raises(EngineStopped, match="the engine loop is stopped"):
         loop.submit("b", "Once", SamplingParams(max_new_tokens=4), lambda o: None)
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_while_every_stream_keeps_decoding(make_engine, tiny_model) -> None:
+    """max_prefill_tokens 8: a 40-token prompt arriving beside 4 running streams is prefilled
+    in 5 chunks of 8, one per step; every stream gets a token every one of those steps, and
+    the long prompt's output is the one its whole prefill gives."""
+    engine = make_engine(max_batch=8, max_prefill_tokens=8)
+    streams = [
+        engine.add_request(f"s{n}", [5 + n, 9], SamplingParams(max_new_tokens=30, ignore_eos=True)) for n in range(4)
+    ]
+    engine.step()  # the 4 two-token prompts fit one step's budget
+    assert all(len(s.output_ids) == 1 for s in streams)
+    long_prompt = (engine.encode(" ".join(PROMPTS)) * 3)[:40]
+    assert len(long_prompt) == 40
+    long = engine.add_request("long", long_prompt, SamplingParams(max_new_tokens=10, ignore_eos=True))
+    prefill_steps = []
+    while not long.output_ids:
+        before = [len(s.output_ids) for s in streams]
+        engine.step()
+        prefill_steps.append(engine.last_prefill_chunks)
+        assert [len(s.output_ids) for s in streams] == [n + 1 for n in before]  # nobody waited
+    assert prefill_steps == [[8]] * 5
+    while engine.has_work:
+        engine.step()
+    expected = tiny_model.generate_greedy(torch.tensor([long_prompt]), 10)[0, 40:].tolist()
+    assert long.output_ids == expected

@@ -16,7 +16,7 @@ from aieng_core.model.llama import (
 )
 from aieng_core.serving.kv_cache import KVCachePool
 from aieng_core.serving.model_runner import ModelRunner
-from aieng_core.serving.request import Request, SamplingParams, StepPlan
+from aieng_core.serving.request import NO_TOKEN, Request, SamplingParams, StepPlan
 
 CONFIG = LlamaConfig(
     vocab_size=300,
@@ -35,9 +35,17 @@ def _model() -> LlamaForCausalLM:
 
 
 def _admit(pool: KVCachePool, name: str, prompt: list[int]) -> Request:
+    """Admitted with its whole prompt as this step's chunk (as the scheduler plans a prompt
+    that fits the budget)."""
     request = Request(name, prompt, SamplingParams(max_new_tokens=8))
     request.slot = pool.allocate(name)
+    _chunk(request, len(prompt))
     return request
+
+
+def _chunk(request: Request, length: int) -> None:
+    request.prefill_start, request.prefill_length = request.num_prefilled, length
+    request.num_prefilled += length
 
 
 def _prompts() -> list[list[int]]:
@@ -45,7 +53,7 @@ def _prompts() -> list[list[int]]:
     return [torch.randint(2, 300, (n,), generator=generator).tolist() for n in (7, 1, 19, 4)]
 
 
-def test_prefill_of_right_padded_prompts_gives_each_prompts_own_next_token_logits() -> None:
+def test_a_packed_prefill_gives_each_prompts_own_next_token_logits() -> None:
     model, pool = _model(), KVCachePool.for_model(CONFIG, max_batch=4, max_context=48)
     runner = ModelRunner(model, pool)
     prompts = _prompts()
@@ -55,6 +63,65 @@ def test_prefill_of_right_padded_prompts_gives_each_prompts_own_next_token_logit
     for row, prompt in enumerate(prompts):
         reference, _ = model(torch.tensor([prompt]))
         torch.testing.assert_close(logits[row], reference[0, -1], rtol=1e-4, atol=1e-5)
+
+
+def test_prompts_prefilled_in_chunks_beside_whole_ones_match_the_reference() -> None:
+    """Chunks of 5 tokens, each attending to its prompt's cached start and then itself, packed
+    beside a whole prompt and beside each other: the same logits as the no-cache reference, and
+    the same cache contents as the whole prompt prefilled at once."""
+    model = _model()
+    chunked_pool, whole_pool = (KVCachePool.for_model(CONFIG, max_batch=4, max_context=48) for _ in range(2))
+    chunked, whole = ModelRunner(model, chunked_pool), ModelRunner(model, whole_pool)
+    prompts = _prompts()  # lengths 7, 1, 19, 4
+    long_a = Request("long-a", prompts[2], SamplingParams(max_new_tokens=8))
+    long_b = Request("long-b", prompts[0] + prompts[3], SamplingParams(max_new_tokens=8))  # 11 tokens
+    for request in (long_a, long_b):
+        request.slot = chunked_pool.allocate(request.request_id)
+    short = Request("short", prompts[1], SamplingParams(max_new_tokens=8))
+    short.slot = chunked_pool.allocate("short")
+    logits: dict[str, torch.Tensor] = {}
+    for step in range(4):  # 19 tokens in chunks of 5
+        planned = [r for r in (long_a, long_b) if r.num_prefilled < r.num_prompt_tokens]
+        for request in planned:
+            _chunk(request, min(5, request.num_prompt_tokens - request.num_prefilled))
+        if step == 1:  # a whole one-token prompt packed between the chunks
+            _chunk(short, 1)
+            planned.insert(1, short)
+        rows = chunked.prefill_logits(planned)
+        completing = [r for r in planned if r.prefill_completes]
+        assert rows.shape == (len(completing), CONFIG.vocab_size)
+        logits.update({r.request_id: row for r, row in zip(completing, rows, strict=True)})
+    assert sorted(logits) == ["long-a", "long-b", "short"]
+    for request in (long_a, long_b, short):
+        reference, _ = model(torch.tensor([request.prompt_ids]))
+        torch.testing.assert_close(logits[request.request_id], reference[0, -1], rtol=1e-4, atol=1e-5)
+    for request in (long_a, long_b):
+        again = _admit(whole_pool, request.request_id, request.prompt_ids)
+        whole.prefill_logits([again])
+        length = request.num_prompt_tokens
+        for cache in ("keys", "values"):
+            for layer in range(CONFIG.num_hidden_layers):
+                torch.testing.assert_close(
+                    getattr(chunked_pool, cache)[layer][request.slot, :, :length],
+                    getattr(whole_pool, cache)[layer][again.slot, :, :length],
+                    rtol=1e-5,
+                    atol=1e-6,
+                )
+
+
+def test_the_last_chunk_of_a_prompt_samples_the_same_first_token_as_a_whole_prefill() -> None:
+    model = _model()
+    pool = KVCachePool.for_model(CONFIG, max_batch=2, max_context=48)
+    runner = ModelRunner(model, pool)
+    prompt = _prompts()[2]
+    request = Request("r", prompt, SamplingParams(max_new_tokens=8))
+    request.slot = pool.allocate("r")
+    tokens = []
+    for length in (6, 6, 7):
+        _chunk(request, length)
+        tokens += runner.prefill([request])
+    reference, _ = model(torch.tensor([prompt]))
+    assert tokens == [NO_TOKEN, NO_TOKEN, int(reference[0, -1].argmax())]
 
 
 def test_decode_steps_at_different_positions_match_the_reference_and_generate_greedy() -> None:

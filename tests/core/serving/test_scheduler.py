@@ -43,9 +43,15 @@ def ids(requests) -> list[str]:
 
 
 def step_tokens(plan) -> None:
-    """What the model runner would do: one new token for every planned request."""
+    """What the model runner would do: one new token for every decoding request and every
+    request whose prefill chunk ends its prompt."""
     for request in (*plan.prefill, *plan.decode):
-        request.output_ids.append(7)
+        if request in plan.decode or request.prefill_completes:
+            request.output_ids.append(7)
+
+
+def chunks(plan) -> list[tuple[str, int, int]]:
+    return [(r.request_id, *chunk) for r, chunk in zip(plan.prefill, plan.prefill_chunks, strict=True)]
 
 
 def test_the_scheduler_module_does_not_import_torch() -> None:
@@ -92,27 +98,38 @@ def test_prefill_token_budget_limits_one_step_and_the_rest_join_the_next() -> No
     scheduler, _ = make_scheduler(max_prefill_tokens=10)
     scheduler.add(req("a", prompt_len=4))
     scheduler.add(req("b", prompt_len=5))
-    scheduler.add(req("c", prompt_len=3))  # 4 + 5 + 3 = 12 > 10
+    scheduler.add(req("c", prompt_len=3))  # 4 + 5 + 3 = 12 > 10: c gets the budget's last token
 
     first = scheduler.schedule()
     step_tokens(first)
     second = scheduler.schedule()
 
-    assert ids(first.prefill) == ["a", "b"]
-    assert ids(second.prefill) == ["c"]
+    assert chunks(first) == [("a", 0, 4), ("b", 0, 5), ("c", 0, 1)]
+    assert chunks(second) == [("c", 1, 2)]  # the rest of c's prompt, before anything new
     assert ids(second.decode) == ["a", "b"]
+    assert first.prefill[2].output_ids == []  # no token from a chunk that does not end its prompt
 
 
-def test_the_first_admission_always_fits_even_past_the_budget() -> None:
+def test_a_prompt_longer_than_the_budget_is_prefilled_a_chunk_per_step_beside_the_decodes() -> None:
     scheduler, _ = make_scheduler(max_prefill_tokens=10)
-    scheduler.add(req("long", prompt_len=15))
-    scheduler.add(req("short", prompt_len=1))
-
+    scheduler.add(req("short", prompt_len=2))
     first = scheduler.schedule()
-    second = scheduler.schedule()
+    step_tokens(first)
+    scheduler.add(req("long", prompt_len=25))
+    scheduler.add(req("next", prompt_len=3))
+    plans = []
+    for _ in range(4):
+        plans.append(scheduler.schedule())
+        step_tokens(plans[-1])
 
-    assert ids(first.prefill) == ["long"]
-    assert ids(second.prefill) == ["short"]
+    assert [chunks(p) for p in plans] == [
+        [("long", 0, 10)],
+        [("long", 10, 10)],
+        [("long", 20, 5), ("next", 0, 3)],
+        [],
+    ]
+    # The running stream decodes every step while the long prompt is prefilled.
+    assert [ids(p.decode) for p in plans] == [["short"], ["short"], ["short"], ["short", "long", "next"]]
 
 
 def test_fcfs_does_not_let_a_short_prompt_overtake_a_long_one() -> None:
@@ -123,8 +140,8 @@ def test_fcfs_does_not_let_a_short_prompt_overtake_a_long_one() -> None:
 
     plan = scheduler.schedule()
 
-    assert ids(plan.prefill) == ["a"]
-    assert ids(scheduler.waiting) == ["long", "short"]
+    assert chunks(plan) == [("a", 0, 8), ("long", 0, 2)]  # the budget's rest goes to the next in line
+    assert ids(scheduler.waiting) == ["short"]
 
 
 def test_decode_runs_every_running_request_every_step_while_a_queue_waits() -> None:
