@@ -238,6 +238,9 @@ def prepare(work: Path, settings: AiengConfig, sizes: Sizes) -> dict[str, Any]:
         "warmup_prompt_lengths": list(serving.warmup_prompt_lengths),
         "new_tokens": sizes.new_tokens,
         "single_stream_prompts": [p["ids"] for p in single],
+        # The same prompts as text, for the HTTP client's runs of the in-process workloads.
+        "single_stream_requests": [{**p, "max_new_tokens": sizes.new_tokens} for p in single],
+        "largest_batch_requests": [{**p, "max_new_tokens": sizes.new_tokens} for p in batches[str(max(sizes.batches))]],
         "batch_prompts": {size: [p["ids"] for p in prompts] for size, prompts in batches.items()},
         "mixed": mixed,
         "sweep_requests": sweep,

@@ -22,6 +22,9 @@ GOALS = {
     "http_16_clients_vs_transformers_static_batch": 2.0,
     "http_16_clients_vs_ctranslate2_batch": 0.8,
     "flops_fraction_of_matmul_peak_at_batch_64": 0.4,
+    # The server keeps the engine's speed: HTTP over in-process, the worse of streamed and not.
+    "http_1_client_vs_in_process": 0.9,
+    "http_64_clients_vs_in_process": 0.9,
 }
 
 
@@ -80,6 +83,37 @@ def step_graph_figures(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "capture_seconds": spread([w["capture_seconds"] for w in warmups]),
         "buckets": buckets,
     }
+
+
+def http_vs_in_process(plan: dict[str, Any], rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The server's tokens/s over the engine's in-process tokens/s on the same prompts, in the
+    same round: one client in turn against `single_stream`, one client per prompt against the
+    largest batch; streamed and not, and the worse of the two (what the goal judges)."""
+    if not all("in_process_workloads" in record.get("http", {}) for record in rounds):
+        return {}
+    largest = max(int(size) for size in plan["batch_prompts"])
+    figures: dict[str, Any] = {}
+    for goal_name, name, workload in (
+        ("http_1_client_vs_in_process", "single_stream", "single_stream"),
+        (f"http_{largest}_clients_vs_in_process", "largest_batch", f"batch_{largest}"),
+    ):
+        per_mode: dict[str, Any] = {}
+        ratios: dict[str, list[float]] = {}
+        for mode in ("no_stream", "stream"):
+            served = [
+                record["http"]["in_process_workloads"][f"{name}_{mode}"]["output_throughput"] for record in rounds
+            ]
+            engine = [record["ours"]["workloads"][workload]["tokens_per_second"] for record in rounds]
+            ratios[mode] = [h / e for h, e in zip(served, engine, strict=True)]
+            per_mode[mode] = {"http_tokens_per_second": spread(served), "ratio": spread(ratios[mode])}
+        figures[goal_name] = {
+            "in_process_tokens_per_second": spread(
+                [record["ours"]["workloads"][workload]["tokens_per_second"] for record in rounds]
+            ),
+            **per_mode,
+            "worse_ratio": spread([min(a, b) for a, b in zip(ratios["no_stream"], ratios["stream"], strict=True)]),
+        }
+    return figures
 
 
 def goal(name: str, ours: float, peer: float) -> dict[str, Any]:
@@ -251,6 +285,7 @@ def build_report(plan: dict[str, Any], rounds: list[dict[str, Any]], profile: di
         **spread_tree([record["http"]["sweep"] for record in rounds]),
     }
     figures["step_graphs"] = step_graph_figures(rounds)
+    figures["http_vs_in_process"] = http_vs_in_process(plan, rounds)
     figures["flops_at_batch_64"] = _flops(plan, rounds, max(int(size) for size in plan["batch_prompts"]))
     peak = figures["flops_at_batch_64"]["matmul_peak_gflops"]["median"]
 
@@ -285,6 +320,10 @@ def build_report(plan: dict[str, Any], rounds: list[dict[str, Any]], profile: di
             "http_16_clients_vs_ctranslate2_batch", median(http["ours_http"]), median(http["ctranslate2_batch"])
         ),
     }
+    for name, figure in figures["http_vs_in_process"].items():
+        if name in GOALS and "worse_ratio" in figure:
+            ratio = figure["worse_ratio"]["median"]
+            goals[name] = {"ratio": ratio, "target": GOALS[name], "met": ratio >= GOALS[name]}
     fraction = figures["flops_at_batch_64"]["fraction_of_peak"]["median"]
     goals["flops_fraction_of_matmul_peak_at_batch_64"] = {
         "ratio": fraction,

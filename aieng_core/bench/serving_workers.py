@@ -17,7 +17,9 @@ machine).
   requests as one batch whose rows stop at their own lengths (a callback per token);
 - convert: the CTranslate2 conversion, before any measurement;
 - http: a real `aieng serve` subprocess and the load generator (this process): the 16 mixed
-  requests from 16 concurrent clients, then the serving-metrics sweep.
+  requests from 16 concurrent clients, ours' single-stream and largest-batch workloads over
+  HTTP (one client in turn; one client per prompt), streamed and not, then the
+  serving-metrics sweep.
 
 Every engine generates exactly the planned number of tokens (ours: ignore_eos; transformers:
 no EOS token; CTranslate2: min_length = max_length) and each workload reports the tokens it
@@ -289,6 +291,16 @@ def http(plan: dict[str, Any]) -> dict[str, Any]:
         figures: dict[str, Any] = {"ready_seconds": server.ready_seconds, "server_pid": server.pid}
         # Like the in-process peers it is compared with: whole responses, not streamed.
         figures["mixed_concurrent"] = measured(lambda: closed_loop(server.port, mixed, len(mixed), stream=False))
+        # The in-process single-stream and largest-batch workloads, over HTTP: one client sending
+        # the single-stream prompts one after another, and one client per prompt of the batch.
+        single, batch = _load_requests(plan["single_stream_requests"]), _load_requests(plan["largest_batch_requests"])
+        figures["in_process_workloads"] = {
+            f"{name}_{'stream' if stream else 'no_stream'}": measured(
+                partial(closed_loop, server.port, requests, concurrency, stream=stream)
+            )
+            for name, requests, concurrency in (("single_stream", single, 1), ("largest_batch", batch, len(batch)))
+            for stream in (False, True)
+        }
         by_concurrency = {}
         for concurrency in plan["concurrencies"]:
             requests = sweep[: plan["requests_per_concurrency"][str(concurrency)]]

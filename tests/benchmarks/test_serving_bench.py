@@ -182,7 +182,13 @@ def fake_worker(calls: list[str]):
             mixed = {"output_throughput": rate("http", round_index), "output_tokens": 8, "duration_s": 1.0}
             mixed |= {"server_cpu_seconds": 2.0, "client_cpu_seconds": 0.5}
             sweep = {"concurrency": {"1": {"ttft_ms": {"p50": rate("http", round_index) / 10}, "requests": 4}}}
-            return {**common, "mixed_concurrent": mixed, "sweep": sweep}
+            # Ours' workloads over HTTP: streamed at half the rate of not streamed.
+            in_process = {
+                f"{name}_{mode}": {"output_throughput": rate("http", round_index, workload) * factor}
+                for name, workload in (("single_stream", "single_stream"), ("largest_batch", "batch_64"))
+                for mode, factor in (("no_stream", 1.0), ("stream", 0.5))
+            }
+            return {**common, "mixed_concurrent": mixed, "sweep": sweep, "in_process_workloads": in_process}
         workloads = {}
         for workload in WORKLOADS[name]:
             run_figures = {"tokens_per_second": rate(name, round_index, workload), "tokens": TOKENS[workload]}
@@ -237,7 +243,14 @@ def test_the_report_of_fake_rounds_has_exact_medians_spreads_and_goals(monkeypat
         "http_16_clients_vs_transformers_static_batch": (1.0, False),
         "http_16_clients_vs_ctranslate2_batch": (0.2, False),
         "flops_fraction_of_matmul_peak_at_batch_64": (2 * 1000 * 6400 / 1e9, False),
+        # Per round, HTTP over in-process: 40 x (1, 4, 2) over 100 x (4, 1, 2), halved streamed:
+        # the worse (streamed) is 0.05, 0.8, 0.2; its median 0.2.
+        "http_1_client_vs_in_process": (pytest.approx(0.2), False),
+        "http_64_clients_vs_in_process": (pytest.approx(0.2), False),
     }
+    versus = figures["http_vs_in_process"]["http_1_client_vs_in_process"]
+    assert versus["no_stream"]["ratio"]["rounds"] == pytest.approx([0.1, 1.6, 0.4])
+    assert versus["worse_ratio"]["rounds"] == pytest.approx([0.05, 0.8, 0.2])
     assert {name: goal["target"] for name, goal in goals.items()} == GOALS
     flops = figures["flops_at_batch_64"]
     assert flops["achieved_gflops"] == spread([2 * 1000 * rate("ours", n, "batch_64") / 1e9 for n in range(3)])

@@ -51,10 +51,14 @@ T = TypeVar("T")
 class Generation:
     """The engine requests of one HTTP request, their outputs as (prompt index, output)."""
 
-    def __init__(self, state: ServingState, replica: Replica, arrival: float) -> None:
+    def __init__(self, state: ServingState, replica: Replica, arrival: float, stream: bool = True) -> None:
         self.state = state
         self.replica = replica
         self.arrival = arrival
+        # Streamed: every output crosses to the event loop. Not streamed: only the final ones;
+        # the metrics of each token are taken in the engine thread either way (RequestTracker),
+        # so a non-streamed request costs the event loop one wake-up per prompt, not per token.
+        self.stream = stream
         self.deadline = arrival + state.config.serving.request_timeout_s
         self.queue: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
         self.requests: list[Request] = []
@@ -96,11 +100,14 @@ class Generation:
     ) -> Callable[[RequestOutput], None]:
         queue = self.queue
         engine = self.replica.loop.engine
+        stream = self.stream
 
         def sink(output: RequestOutput) -> None:  # runs in the engine thread, right after the step
             tracker.on_output(output)
             if engine.last_step is not None:
                 self.largest_batch = max(self.largest_batch, engine.last_step.batch_size)
+            if not (stream or output.finished):
+                return
             # A closed event loop means nobody waits any more (server exit).
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(queue.put_nowait, (index, output))
@@ -184,14 +191,17 @@ def begin(
     params_for: Callable[[RequestDefaults], SamplingParams],
     model: str | None = None,
     rename: dict[str, str] | None = None,
+    stream: bool = False,
 ) -> Generation:
     """Take a replica, then build the request's sampling parameters from that replica's own
     defaults (a swap may install another bundle at any moment: the defaults of the bundle that
     answers are the ones that apply), then submit. Whatever fails gives the replica back. The
-    replica taken is the one the response names (X-Aieng-Bundle-Id), whatever is served by then."""
+    replica taken is the one the response names (X-Aieng-Bundle-Id), whatever is served by then.
+    `stream`: the caller reads every output (generation.next()); else only the final ones
+    (run_to_end)."""
     arrival = time.monotonic()
     replica = state.acquire()
-    generation = Generation(state, replica, arrival)
+    generation = Generation(state, replica, arrival, stream)
     context = current_context()
     if context is not None:  # the response's headers and log line name the replica that answers
         context.provenance = generation.provenance

@@ -40,7 +40,9 @@ async def completions(
     request_id = request_id_for(body.request_id)
     # OpenAI's defaults are the API's own (the request model's), not the bundle's.
     params = checked_params(body.sampling_params, rename=OPENAI_NAMES)
-    generation = begin(state, request_id, body.prompts, lambda _bundle_defaults: params, body.model, OPENAI_NAMES)
+    generation = begin(
+        state, request_id, body.prompts, lambda _bundle_defaults: params, body.model, OPENAI_NAMES, bool(body.stream)
+    )
     created = int(time.time())
     model = generation.replica.bundle_id
     if body.stream:
