@@ -1,8 +1,9 @@
 """One generation request, seen from the event loop: its engine requests (one per prompt),
 their outputs merged into one asyncio queue, its deadline, and its usage.
 
-Each engine request is submitted to the replica's loop thread with a sink that hands every
-RequestOutput back to the event loop (call_soon_threadsafe into the queue). The handler waits
+Each engine request is submitted to the replica's loop thread with a sink that hands its
+outputs back to the event loop (a Mailbox: one wake-up of the loop for all that arrived
+meanwhile; every output when streamed, the final one otherwise). The handler waits
 on that queue under the request's deadline (queue time counts) while watching the client: a
 client that goes away, or a deadline that passes, cancels the engine requests, and the engine
 frees their KV slots at its next step.
@@ -13,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from starlette.requests import Request as HttpRequest
 from starlette.types import Receive
@@ -46,6 +49,46 @@ log = logging.getLogger("aieng.serving.http")
 MODEL_ALIAS = "aieng"
 
 T = TypeVar("T")
+
+
+class Mailbox:
+    """Outputs from the engine thread into one event loop's queues, at most one wake-up of the
+    loop pending at a time: a step's outputs for 64 streams cost the loop one call, not 64
+    (each call_soon_threadsafe writes to the loop's self-pipe and takes the GIL from the engine)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._pending: list[tuple[asyncio.Queue[Any], Any]] = []
+        self._scheduled = False
+
+    def post(self, queue: asyncio.Queue[Any], item: Any) -> None:  # any thread
+        with self._lock:
+            self._pending.append((queue, item))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        # A closed event loop means nobody waits any more (server exit).
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:  # the event loop
+        with self._lock:
+            pending, self._pending, self._scheduled = self._pending, [], False
+        for queue, item in pending:
+            queue.put_nowait(item)
+
+
+_MAILBOXES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Mailbox] = weakref.WeakKeyDictionary()
+_MAILBOXES_LOCK = threading.Lock()
+
+
+def mailbox_of(loop: asyncio.AbstractEventLoop) -> Mailbox:
+    with _MAILBOXES_LOCK:
+        mailbox = _MAILBOXES.get(loop)
+        if mailbox is None:
+            mailbox = _MAILBOXES[loop] = Mailbox(loop)
+        return mailbox
 
 
 class Generation:
@@ -101,6 +144,7 @@ class Generation:
         queue = self.queue
         engine = self.replica.loop.engine
         stream = self.stream
+        mailbox = mailbox_of(loop)
 
         def sink(output: RequestOutput) -> None:  # runs in the engine thread, right after the step
             tracker.on_output(output)
@@ -108,9 +152,7 @@ class Generation:
                 self.largest_batch = max(self.largest_batch, engine.last_step.batch_size)
             if not (stream or output.finished):
                 return
-            # A closed event loop means nobody waits any more (server exit).
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(queue.put_nowait, (index, output))
+            mailbox.post(queue, (index, output))
 
         return sink
 
@@ -135,6 +177,18 @@ class Generation:
         if output.finished:
             self.finals[index] = output
         return index, output
+
+    def ready(self) -> list[tuple[int, RequestOutput]]:
+        """The outputs already queued, without waiting (a streamed response writes them in one go)."""
+        items = []
+        while True:
+            try:
+                index, output = self.queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return items
+            if output.finished:
+                self.finals[index] = output
+            items.append((index, output))
 
     async def collect(self) -> list[RequestOutput]:
         while not self.done:

@@ -101,24 +101,39 @@ async def stream_completion(
     named = stream_field(generation.provenance)
 
     async def events() -> AsyncIterator[str]:
-        index, output = first
+        # Every output already queued is written in one go: one write per wake-up, not per token.
+        batch = [first]
+        finals: set[int] = set()
         while True:
-            failure = unfinished_error([output], request_id)
-            if failure is not None:
-                yield sse({**failure.body(), **named})
-                break
-            if output.new_text or output.finished:
-                payload = chunk(index, output.new_text, output.finish_reason if output.finished else None)
-                last = generation.done and not include_usage
-                yield sse({**payload, **named} if last else payload)
-            if generation.done:
-                outputs = generation.outputs()
-                generation.record(outputs)
-                if include_usage:
-                    yield sse({**chunk(0, "", None), "choices": [], "usage": usage(outputs).model_dump(), **named})
+            pieces: list[str] = []
+            ended = False
+            for index, output in batch:
+                failure = unfinished_error([output], request_id)
+                if failure is not None:
+                    pieces.append(sse({**failure.body(), **named}))
+                    ended = True
+                    break
+                if output.finished:
+                    finals.add(index)
+                done = len(finals) == len(generation.requests)
+                if output.new_text or output.finished:
+                    payload = chunk(index, output.new_text, output.finish_reason if output.finished else None)
+                    last = done and not include_usage
+                    pieces.append(sse({**payload, **named} if last else payload))
+                if done:
+                    outputs = generation.outputs()
+                    generation.record(outputs)
+                    if include_usage:
+                        usage_chunk = {**chunk(0, "", None), "choices": [], "usage": usage(outputs).model_dump()}
+                        pieces.append(sse({**usage_chunk, **named}))
+                    ended = True
+                    break
+            if pieces:
+                yield "".join(pieces)
+            if ended:
                 break
             try:
-                index, output = await generation.next()
+                batch = [await generation.next(), *generation.ready()]
             except ApiError as exc:  # the deadline passed mid-stream: say so, then end the stream
                 yield sse({**exc.body(), **named})
                 break
