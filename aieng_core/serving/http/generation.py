@@ -180,7 +180,7 @@ class Generation:
 
     def ready(self) -> list[tuple[int, RequestOutput]]:
         """The outputs already queued, without waiting (a streamed response writes them in one go)."""
-        items = []
+        items: list[tuple[int, RequestOutput]] = []
         while True:
             try:
                 index, output = self.queue.get_nowait()
