@@ -16,8 +16,8 @@ from aieng_core.loadgen.stats import METRIC_DEFINITIONS
 GOALS = {
     "single_stream_vs_transformers": 3.0,
     "batch_1_vs_ctranslate2": 0.5,
-    "batch_16_vs_ctranslate2": 1.0,
-    "batch_64_vs_ctranslate2": 1.5,
+    "batch_16_vs_ctranslate2": 0.8,
+    "batch_64_vs_ctranslate2": 1.1,
     "http_16_clients_vs_transformers_sequential": 8.0,
     "http_16_clients_vs_transformers_static_batch": 2.0,
     "http_16_clients_vs_ctranslate2_batch": 0.8,
