@@ -28,30 +28,13 @@ def worker(budget: int, threads: int) -> dict:
     import numpy as np
     import torch
 
-    sys.path.insert(0, str(REPO))
-    from aieng_core.config import load_config
-    from aieng_core.data.demo_data import corpus
-    from aieng_core.model.llama import LlamaConfig, LlamaForCausalLM
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from pipeline_shape import pipeline_model
+
     from aieng_core.serving.engine import Engine, EngineLimits
     from aieng_core.serving.request import SamplingParams
-    from aieng_core.tokenizer.bpe import train_bpe
 
-    torch.set_num_threads(threads)
-    config = load_config(REPO / "configs" / "pipeline.yaml")
-    tokenizer = train_bpe((doc.text for doc in corpus()), config.tokenizer)
-    shape = config.model
-    torch.manual_seed(1234)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=tokenizer.get_vocab_size(),
-            hidden_size=shape.hidden_size,
-            intermediate_size=shape.intermediate_size,
-            num_hidden_layers=shape.num_hidden_layers,
-            num_attention_heads=shape.num_attention_heads,
-            num_key_value_heads=shape.num_key_value_heads,
-            max_position_embeddings=shape.max_position_embeddings,
-        )
-    ).eval()
+    config, model, tokenizer = pipeline_model(threads)
     limits = EngineLimits(config.bundle.max_batch, config.bundle.max_context, 256, budget)
     engine = Engine(model, tokenizer, limits, 2)
     engine.warmup([8, 32, 128])
