@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -57,7 +55,7 @@ def worker(budget: int, threads: int) -> dict:
         started = time.perf_counter()
         engine.step()
         gaps.append((time.perf_counter() - started) * 1000)
-        prefill_steps += bool(engine.last_prefill_chunks)
+        prefill_steps += bool(engine.last_step.prefill_chunks)
         assert [len(s.output_ids) for s in streams] == [n + 1 for n in before]
     values = np.array(gaps)
     return {
@@ -82,47 +80,32 @@ def main() -> int:
     if args.worker is not None:
         print(json.dumps(worker(args.worker, args.threads)))
         return 0
-    rounds = []
-    for index in range(args.rounds):
-        order = args.budgets if index % 2 == 0 else args.budgets[::-1]
-        record = {}
-        for budget in order:
-            done = subprocess.run(
-                [sys.executable, __file__, "--worker", str(budget), "--threads", str(args.threads)],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            record[str(budget)] = json.loads(done.stdout.strip().splitlines()[-1])
-        rounds.append(record)
-        print(
-            f"round {index}: "
-            + ", ".join(f"budget {b}: p99 {record[str(b)]['itl_ms']['p99']:.1f} ms" for b in args.budgets),
-            flush=True,
-        )
+    sys.path.insert(0, str(REPO))
+    from pipeline_shape import in_fresh_process, write_result
+
+    from aieng_core.bench.serving_report import spread
+    from aieng_core.bench.serving_rounds import run_rounds
+
+    budgets = [str(b) for b in args.budgets]
+    rounds = run_rounds(
+        budgets, args.rounds, lambda b: in_fresh_process(__file__, "--worker", b, "--threads", str(args.threads))
+    )
+    for record in rounds:
+        figures = ", ".join(f"budget {b}: p99 {record[b]['itl_ms']['p99']:.1f} ms" for b in budgets)
+        print(f"round {record['round']}: {figures}", flush=True)
     result = {
         "streams": STREAMS,
         "long_prompt_tokens": LONG_PROMPT,
         "window_steps": WINDOW,
         "budgets": {
-            str(b): {
-                "prefill_steps": rounds[0][str(b)]["prefill_steps"],
-                **{
-                    key: {
-                        "median": statistics.median(r[str(b)]["itl_ms"][key] for r in rounds),
-                        "min": min(r[str(b)]["itl_ms"][key] for r in rounds),
-                        "max": max(r[str(b)]["itl_ms"][key] for r in rounds),
-                    }
-                    for key in ("p50", "p99", "max")
-                },
+            b: {
+                "prefill_steps": rounds[0][b]["prefill_steps"],
+                **{key: spread([r[b]["itl_ms"][key] for r in rounds]) for key in ("p50", "p99", "max")},
             }
-            for b in args.budgets
+            for b in budgets
         },
     }
-    text = json.dumps(result, indent=2)
-    if args.out:
-        args.out.write_text(text + "\n", encoding="utf-8")
-    print(text)
+    write_result(result, args.out)
     return 0
 
 

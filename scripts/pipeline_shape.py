@@ -1,8 +1,12 @@
-"""The pipeline model's shape (configs/pipeline.yaml) with random weights, and the demo
-corpus's tokenizer: what the measurement scripts beside this file run the engine on."""
+"""What the measurement scripts beside this file share: the pipeline model's shape
+(configs/pipeline.yaml) with random weights and the demo corpus's tokenizer, each side of a
+comparison run in a fresh process of its own (the order alternated by the serving bench's
+run_rounds), and the result written as JSON."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,3 +42,16 @@ def pipeline_model(threads: int) -> tuple[Any, Any, Any]:
         )
     ).eval()
     return config, model, tokenizer
+
+
+def in_fresh_process(script: str, *args: str) -> dict[str, Any]:
+    """Run `script --worker ...` in a new Python process; the JSON line it prints last."""
+    done = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def write_result(result: dict[str, Any], out: Path | None) -> None:
+    text = json.dumps(result, indent=2)
+    if out:
+        out.write_text(text + "\n", encoding="utf-8")
+    print(text)

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -79,32 +77,22 @@ def main() -> int:
     if args.worker:
         print(json.dumps(worker(args.worker, work, args.threads)))
         return 0
-    sides = ["eager", "compile"]
-    rounds = []
-    for index in range(args.rounds):
-        order = sides if index % 2 == 0 else sides[::-1]
-        record = {"order": order}
-        for mode in order:
-            done = subprocess.run(
-                [sys.executable, __file__, "--worker", mode, "--work", str(work), "--threads", str(args.threads)],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            record[mode] = json.loads(done.stdout.strip().splitlines()[-1])
-        rounds.append(record)
-        print(
-            f"round {index}: "
-            + ", ".join(
-                f"{mode} b{b} {record[mode]['batches'][b]['tokens_per_second']:.0f}"
-                for mode in sides
-                for b in map(str, BATCHES)
-            ),
-            flush=True,
-        )
+    sys.path.insert(0, str(REPO))
+    from pipeline_shape import in_fresh_process, write_result
 
-    def spread(values: list[float]) -> dict:
-        return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    from aieng_core.bench.serving_report import spread
+    from aieng_core.bench.serving_rounds import run_rounds
+
+    sides = ["eager", "compile"]
+    common = ("--work", str(work), "--threads", str(args.threads))
+    rounds = run_rounds(sides, args.rounds, lambda mode: in_fresh_process(__file__, "--worker", mode, *common))
+    for record in rounds:
+        figures = ", ".join(
+            f"{mode} b{b} {record[mode]['batches'][b]['tokens_per_second']:.0f}"
+            for mode in sides
+            for b in map(str, BATCHES)
+        )
+        print(f"round {record['round']}: {figures}", flush=True)
 
     result: dict = {"prompt_tokens": PROMPT_TOKENS, "new_tokens": NEW_TOKENS, "threads": args.threads, "batches": {}}
     for batch in map(str, BATCHES):
@@ -119,10 +107,7 @@ def main() -> int:
         }
     result["capture_seconds_by_round"] = [r["compile"]["step_graphs"]["capture_seconds"] for r in rounds]
     result["step_graph_buckets_round_0"] = rounds[0]["compile"]["step_graphs"]["buckets"]
-    text = json.dumps(result, indent=2)
-    if args.out:
-        args.out.write_text(text + "\n", encoding="utf-8")
-    print(text)
+    write_result(result, args.out)
     return 0
 
 

@@ -86,7 +86,7 @@ def _run(engine: Any, bucket: dict[str, float], until_decode: bool = False) -> l
         engine.step()
         wall = time.perf_counter() - started
         step = engine.last_step
-        chunks = engine.last_prefill_chunks
+        chunks = step.prefill_chunks if step else ()
         records.append(
             {
                 "wall": wall,

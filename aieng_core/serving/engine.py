@@ -82,6 +82,7 @@ class StepStats:
     batch_size: int
     prefill_requests: int
     prefill_tokens: int
+    prefill_chunks: tuple[int, ...]  # tokens of each prompt chunk prefilled (chunked prefill)
     decode_tokens: int
     schedule_seconds: float
     forward_seconds: float
@@ -109,7 +110,6 @@ class Engine:
         self._token_bytes = token_bytes_table(tokenizer)
         self._detokenizers: dict[int, IncrementalDetokenizer] = {}  # by id(request)
         self.last_step: StepStats | None = None
-        self.last_prefill_chunks: list[int] = []  # tokens of each prompt chunk the last step prefilled
 
     # ---- requests ------------------------------------------------------------------------
     def encode(self, prompt: str) -> list[int]:
@@ -168,7 +168,6 @@ class Engine:
         started = time.perf_counter()
         plan = self.scheduler.schedule()
         scheduled = time.perf_counter()
-        self.last_prefill_chunks = [length for _, length in plan.prefill_chunks]
         outputs = [(request, self._finished_output(request)) for request in plan.finished]
         if plan.empty:
             return outputs
@@ -191,6 +190,7 @@ class Engine:
             batch_size=plan.batch_size,
             prefill_requests=len(plan.prefill),
             prefill_tokens=result.prefill_tokens,
+            prefill_chunks=tuple(length for _, length in plan.prefill_chunks),
             decode_tokens=result.decode_tokens,
             schedule_seconds=scheduled - started,
             forward_seconds=ran - scheduled,

@@ -116,8 +116,8 @@ class StepGraphs:
         return bucket in self.graphs and MIN_LENGTH <= length <= self.pool.max_context
 
     def decode(self, bucket: int, ids: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        """The captured step of `bucket` (runnable) on inputs of exactly `bucket` rows."""
-        torch._dynamo.mark_dynamic(bias, 2, min=MIN_LENGTH, max=self.pool.max_context)
+        """The captured step of `bucket` (runnable) on inputs of exactly `bucket` rows. The graph
+        was compiled with the length dynamic (capture marks it): any length it holds matches."""
         return self.graphs[bucket](ids, positions, bias, self.pool.keys, self.pool.values)
 
     # ---- warmup ----------------------------------------------------------------------------
@@ -196,6 +196,7 @@ class StepGraphs:
 
     def summary(self) -> dict[str, Any]:
         captured = [f.batch for f in self.figures if f.captured]
+        cache_dir = self._cache_dir()
         if self.reason is not None:
             status = self.reason
         elif len(captured) == len(self.figures):
@@ -208,7 +209,7 @@ class StepGraphs:
             "captured_buckets": captured,
             "capture_seconds": self.capture_seconds,
             "warmup_max_seconds": self.settings.max_seconds,
-            "cache_dir": str(self._cache_dir()) if self._cache_dir() else None,
+            "cache_dir": str(cache_dir) if cache_dir else None,
             "buckets": [f.summary() for f in self.figures],
         }
 
@@ -221,9 +222,13 @@ def unavailable(mode: str, device: torch.device) -> str | None:
         return "not captured: CUDA graph capture is not implemented yet; every decode step runs eagerly"
     if device.type != "cpu":
         return f"not captured: no step graphs on {device.type}"
-    compiler = os.environ.get("CXX") or "g++"
-    if shutil.which(compiler) is None:
-        return f"not captured: no C++ compiler ({compiler!r} not found on PATH) for inductor; steps run eagerly"
+    from torch._inductor import config as inductor_config
+
+    # The compilers inductor would try ($CXX or g++ when torch was imported; None: conda's).
+    compilers = [name for name in inductor_config.cpp.cxx if name]
+    if not any(shutil.which(name) for name in compilers):
+        named = ", ".join(repr(name) for name in compilers)
+        return f"not captured: no C++ compiler ({named} not found on PATH) for inductor; steps run eagerly"
     return None
 
 

@@ -405,7 +405,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_every_stream_keeps_decoding(
     while not long.output_ids:
         before = [len(s.output_ids) for s in streams]
         engine.step()
-        prefill_steps.append(engine.last_prefill_chunks)
+        prefill_steps.append(list(engine.last_step.prefill_chunks))
         assert [len(s.output_ids) for s in streams] == [n + 1 for n in before]  # nobody waited
     assert prefill_steps == [[8]] * 5
     while engine.has_work:

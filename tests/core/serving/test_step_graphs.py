@@ -99,10 +99,15 @@ def test_a_restart_loads_the_compiled_code_from_the_disk_cache(captured, tiny_mo
     assert counters["inductor"]["fxgraph_cache_hit"] - hits == 3  # every bucket from the cache
 
 
-def test_no_cpp_compiler_runs_eagerly_and_says_why(tiny_model, tiny_tokenizer, tmp_path, monkeypatch, caplog) -> None:
-    monkeypatch.setenv("CXX", "no-such-compiler")
+def test_no_cpp_compiler_runs_eagerly_and_says_why(tiny_model, tiny_tokenizer, tmp_path, caplog) -> None:
+    from torch._inductor import config as inductor_config
+
     engine = captured_engine(tiny_model, tiny_tokenizer, tmp_path)
-    with caplog.at_level(logging.WARNING, logger="aieng.serving.step_graphs"):
+    # The compilers inductor would try (it reads $CXX when torch is imported), patched its own way.
+    with (
+        inductor_config.patch({"cpp.cxx": (None, "no-such-compiler")}),
+        caplog.at_level(logging.WARNING, logger="aieng.serving.step_graphs"),
+    ):
         figures = engine.warmup([4])["step_graphs"]
     reason = "not captured: no C++ compiler ('no-such-compiler' not found on PATH) for inductor; steps run eagerly"
     assert figures["status"] == reason and figures["captured_buckets"] == []
