@@ -150,6 +150,8 @@ def _workers() -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
         "ours": serving_workers.ours,
         "transformers": serving_workers.transformers_peer,
         "ctranslate2": serving_workers.ctranslate2_peer,
+        "ours_int8": serving_workers.ours_int8,
+        "ctranslate2_int8": serving_workers.ctranslate2_int8,
         "http": serving_workers.http,
         "profile": serving_profile.profile,
     }
@@ -158,9 +160,7 @@ def _workers() -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
 def main(argv: list[str] | None = None) -> int:
     """One worker of the serving benchmark (run by run_serving_bench in a fresh process)."""
     parser = argparse.ArgumentParser(prog="python -m aieng_core.bench.serving_bench")
-    parser.add_argument(
-        "--worker", required=True, choices=("convert", "ours", "transformers", "ctranslate2", "http", "profile")
-    )
+    parser.add_argument("--worker", required=True, choices=("convert", *PEERS, "profile"))
     parser.add_argument("plan", type=Path, help="plan.json written by run_serving_bench")
     args = parser.parse_args(argv)
     plan = json.loads(args.plan.read_text(encoding="utf-8"))

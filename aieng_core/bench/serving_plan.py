@@ -22,7 +22,9 @@ from aieng_core.config import AiengConfig, load_config
 
 SEED = 1234  # the random weights
 POISSON_SEED = 7
-PEERS = ("ours", "transformers", "ctranslate2", "http")
+# The int8 peers run the single-stream and batch workloads: ours on the int8 variant of the same
+# weights (model/int8_weights.py), CTranslate2 with compute_type int8 on the same conversion.
+PEERS = ("ours", "transformers", "ctranslate2", "ours_int8", "ctranslate2_int8", "http")
 
 # SLOs for goodput: an interactive stream (first token within half a second, then at least
 # 20 tokens/s, a fast reader's pace several times over).

@@ -25,6 +25,8 @@ GOALS = {
     # The server keeps the engine's speed: HTTP over in-process, the worse of streamed and not.
     "http_1_client_vs_in_process": 0.9,
     "http_64_clients_vs_in_process": 0.9,
+    # bundle.weights int8: our int8 variant against CTranslate2's int8, same weights, batch 64.
+    "int8_batch_64_vs_ctranslate2_int8": 1.0,
 }
 
 
@@ -113,6 +115,25 @@ def http_vs_in_process(plan: dict[str, Any], rounds: list[dict[str, Any]]) -> di
             **per_mode,
             "worse_ratio": spread([min(a, b) for a, b in zip(ratios["no_stream"], ratios["stream"], strict=True)]),
         }
+    return figures
+
+
+def int8_figures(plan: dict[str, Any], rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Both int8 peers per batch size (1: the single-stream workload), beside our float32 engine,
+    with how many requests the int8 variant answered exactly as the float32 engine did."""
+    figures: dict[str, Any] = {
+        "unit": "generated tokens/s for the whole batch (prefill included); batch 1 = the single-stream figure",
+        "method": "ours_int8: the float32 weights quantized in the worker (model/int8_weights.py: weight-only int8 "
+        "per output channel, float32 matmuls), steps captured; ctranslate2_int8: compute_type int8 (int8 matmuls) "
+        "on the same conversion",
+    }
+    for size, workload in (("1", "single_stream"), *((size, f"batch_{size}") for size in plan["batch_prompts"])):
+        row: dict[str, Any] = {
+            peer: peer_figure(rounds, peer, workload) for peer in ("ours_int8", "ctranslate2_int8", "ours")
+        }
+        row["int8_over_fp32"] = row["ours_int8"]["median"] / row["ours"]["median"]
+        row["identical_to_fp32"] = _identical(rounds, workload, "ours_int8")
+        figures[size] = row
     return figures
 
 
@@ -284,6 +305,7 @@ def build_report(plan: dict[str, Any], rounds: list[dict[str, Any]], profile: di
         "sweep_max_new_tokens": [r["max_new_tokens"] for r in plan["sweep_requests"]],
         **spread_tree([record["http"]["sweep"] for record in rounds]),
     }
+    figures["int8_vs_ctranslate2_int8"] = int8_figures(plan, rounds)
     figures["step_graphs"] = step_graph_figures(rounds)
     figures["http_vs_in_process"] = http_vs_in_process(plan, rounds)
     figures["flops_at_batch_64"] = _flops(plan, rounds, max(int(size) for size in plan["batch_prompts"]))
@@ -320,6 +342,11 @@ def build_report(plan: dict[str, Any], rounds: list[dict[str, Any]], profile: di
             "http_16_clients_vs_ctranslate2_batch", median(http["ours_http"]), median(http["ctranslate2_batch"])
         ),
     }
+    largest = str(max(int(size) for size in plan["batch_prompts"]))
+    int8 = figures["int8_vs_ctranslate2_int8"][largest]
+    goals["int8_batch_64_vs_ctranslate2_int8"] = goal(
+        "int8_batch_64_vs_ctranslate2_int8", median(int8["ours_int8"]), median(int8["ctranslate2_int8"])
+    )
     for name, figure in figures["http_vs_in_process"].items():
         if name in GOALS and "worse_ratio" in figure:
             ratio = figure["worse_ratio"]["median"]

@@ -104,7 +104,7 @@ def _workloads(
 
 
 # ---- ours -------------------------------------------------------------------------------------
-def load_engine(plan: dict[str, Any]) -> Any:
+def load_engine(plan: dict[str, Any], int8: bool = False) -> Any:
     import torch
     from safetensors.torch import load_file
 
@@ -120,6 +120,10 @@ def load_engine(plan: dict[str, Any]) -> Any:
     model = LlamaForCausalLM(config)
     load_into(model, load_file(directory / MODEL_FILE))
     model.eval()
+    if int8:
+        from aieng_core.model.int8_weights import quantized_copy
+
+        model = quantized_copy(model)
     torch.set_grad_enabled(False)
     # Decode steps captured at warmup, as a server with serving.step_graphs: auto captures them.
     graphs = StepGraphSettings(mode=AUTO, cache_dir=Path(plan["work_dir"]) / "step-graph-cache")
@@ -145,11 +149,11 @@ def matmul_peak(sizes: Sequence[int]) -> dict[str, Any]:
     return {"gflops_by_size": per_size, "peak_gflops": max(per_size.values())}
 
 
-def ours(plan: dict[str, Any]) -> dict[str, Any]:
+def ours(plan: dict[str, Any], int8: bool = False) -> dict[str, Any]:
     from aieng_core.serving.request import SamplingParams
 
     info = _prologue(plan)
-    engine = load_engine(plan)
+    engine = load_engine(plan, int8)
     warmup = engine.warmup(plan["warmup_prompt_lengths"])
 
     def generate(prompts: list[list[int]], new: int) -> list[list[int]]:
@@ -160,8 +164,15 @@ def ours(plan: dict[str, Any]) -> dict[str, Any]:
         params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in lengths]
         return [list(o.token_ids) for o in engine.generate(prompts, params)]
 
+    if int8:
+        return {**info, "engine_warmup": warmup, "workloads": _workloads(plan, generate, None)}
     results = _workloads(plan, generate, generate_mixed)
     return {**info, "engine_warmup": warmup, "workloads": results, "matmul": matmul_peak(plan["matmul_sizes"])}
+
+
+def ours_int8(plan: dict[str, Any]) -> dict[str, Any]:
+    """Our engine on the int8 variant of the same weights (weight-only: float32 matmuls, captured)."""
+    return ours(plan, int8=True)
 
 
 # ---- transformers -------------------------------------------------------------------------------
@@ -205,12 +216,12 @@ def transformers_peer(plan: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---- CTranslate2 --------------------------------------------------------------------------------
-def ctranslate2_peer(plan: dict[str, Any]) -> dict[str, Any]:
+def ctranslate2_peer(plan: dict[str, Any], compute_type: str = "float32") -> dict[str, Any]:
     import ctranslate2
 
     info = _prologue(plan)
     generator = ctranslate2.Generator(
-        plan["ct2_dir"], device="cpu", compute_type="float32", intra_threads=plan["threads"], inter_threads=1
+        plan["ct2_dir"], device="cpu", compute_type=compute_type, intra_threads=plan["threads"], inter_threads=1
     )
     vocabulary = json.loads((Path(plan["ct2_dir"]) / "vocabulary.json").read_text(encoding="utf-8"))
 
@@ -236,7 +247,13 @@ def ctranslate2_peer(plan: dict[str, Any]) -> dict[str, Any]:
     def mixed(prompts: list[list[int]], lengths: list[int]) -> list[list[int]]:
         return run(prompts, max(lengths), lengths)
 
-    return {**info, "compute_type": generator.compute_type, "workloads": _workloads(plan, run, mixed)}
+    workloads = _workloads(plan, run, mixed if compute_type == "float32" else None)
+    return {**info, "compute_type": generator.compute_type, "workloads": workloads}
+
+
+def ctranslate2_int8(plan: dict[str, Any]) -> dict[str, Any]:
+    """CTranslate2 with int8 weights and int8 matmuls (its compute_type int8) on the same conversion."""
+    return ctranslate2_peer(plan, "int8")
 
 
 def convert(plan: dict[str, Any]) -> dict[str, Any]:

@@ -97,16 +97,25 @@ def dataset_of(store: ArtifactStore, model: Artifact) -> Artifact:
 # The bundle: keys the report reads (the engine's context and prefill, the golden prompts): a
 # request default or the goldens' thread count decides nothing here.
 BUNDLE_KEYS = ("max_context", "max_prefill_tokens", "golden_prompts", "golden_max_new_tokens")
+INT8 = "int8"
+
+
+def measures_int8(config: AiengConfig) -> bool:
+    """bundle.weights int8: the report measures the model's int8 variant beside it."""
+    return config.bundle.weights == INT8
 
 
 def report_config_sha256(config: AiengConfig) -> str:
     """benchmark: what is measured; training: the validation windows (block_size, batch_size,
     eval_batches); bundle: BUNDLE_KEYS."""
     recipe = config.bundle.model_dump(mode="json")
+    # bundle.weights only when int8 (the int8 side is measured too): the reports of float32
+    # bundles keep the ids they had before the key existed.
+    keys = (*BUNDLE_KEYS, "weights") if measures_int8(config) else BUNDLE_KEYS
     return sha256_json(
         {
             "benchmark": config.benchmark.model_dump(mode="json"),
-            "bundle": {key: recipe[key] for key in BUNDLE_KEYS},
+            "bundle": {key: recipe[key] for key in keys},
             "training": config.training.model_dump(mode="json"),
         }
     )
@@ -175,6 +184,51 @@ def write_report(staging: Path, report: dict[str, Any]) -> Produced:
     return Produced(content_sha256=sha256_json(content), metrics=summary_metrics(report))
 
 
+def int8_side(
+    config: AiengConfig,
+    model: Any,
+    dataset: Artifact,
+    model_artifact: Artifact,
+    tokenizer: Any,
+    limits: dict[str, int],
+    golden: list[dict[str, Any]] | None,
+    budget: TimeBudget,
+    logger: Any,
+) -> dict[str, Any] | None:
+    """With bundle.weights int8: the int8 variant of the model (quantized in memory, exactly
+    as the variant bundle stores it), its validation loss and greedy agreement on the golden
+    prompts; its engine (under "engine") joins the throughput rows as a peer. None otherwise."""
+    if not measures_int8(config) or not budget.allows("int8 variant"):
+        return None
+    from aieng_core.benchmark.quality import validation_quality
+    from aieng_core.bundle.int8_variant import golden_agreement
+    from aieng_core.model.int8_weights import METHOD, quantized_copy
+    from aieng_core.serving.engine import Engine, EngineLimits
+    from aieng_core.serving.greedy import greedy_continuations
+
+    quantized = quantized_copy(model)
+    quality = validation_quality(quantized, dataset, config.training, model_artifact.metrics)
+    engine = Engine(quantized, tokenizer, EngineLimits(**limits), model.config.eos_token_id)
+    agreement = None
+    if golden is not None:
+        recipe = config.bundle
+        outputs = greedy_continuations(engine, recipe.golden_prompts, recipe.golden_max_new_tokens)
+        agreement = golden_agreement(golden, outputs)
+    logger.info(f"{KIND}: int8 variant: validation loss {quality['validation_loss']:.4f} nats/token")
+    return {"method": METHOD, "quality": quality, "golden_agreement": agreement, "engine": engine}
+
+
+def int8_row(figures: dict[str, Any], outputs: dict[str, list[list[int]]]) -> dict[str, Any]:
+    """The int8 peer's figures in a throughput row, beside the float32 engine's."""
+    from aieng_core.benchmark import speed
+
+    return {
+        "int8": figures["int8"],
+        "ratio_int8_vs_ours": figures["int8"]["tokens_per_second"] / figures["ours"]["tokens_per_second"],
+        "int8_matching_outputs": speed.matching(outputs["ours"], outputs["int8"]),
+    }
+
+
 def measure(
     config: AiengConfig,
     model_artifact: Artifact,
@@ -218,6 +272,8 @@ def measure(
         golden = None
         if budget.allows("golden continuations"):
             golden = greedy_continuations(engine, recipe.golden_prompts, recipe.golden_max_new_tokens)
+        int8 = int8_side(config, model, dataset, model_artifact, tokenizer, limits, golden, budget, logger)
+        int8_peer = speed.engine_generate(int8.pop("engine")) if int8 is not None else None
 
         ours = speed.engine_generate(engine)
         hf_generate: speed.Generate | None = None
@@ -227,6 +283,8 @@ def measure(
                 continue
             prompts = speed.benchmark_prompts(engine.encode, eos, size, bench.prompt_tokens)
             peers = {"ours": (ours, prompts)}
+            if int8_peer is not None:
+                peers["int8"] = (int8_peer, prompts)
             if bench.compare_transformers:
                 if hf_generate is None:
                     import transformers
@@ -246,6 +304,7 @@ def measure(
                         figures["ours"]["tokens_per_second"] / theirs["tokens_per_second"] if theirs else None
                     ),
                     "matching_outputs": speed.matching(outputs["ours"], outputs["transformers"]) if theirs else None,
+                    **(int8_row(figures, outputs) if int8_peer is not None else {}),
                 }
             )
             logger.info(
@@ -297,4 +356,6 @@ def measure(
         "truncated_reason": budget.reason(),
         "skipped": budget.skipped,
         "seconds": time.perf_counter() - started,
+        # Only with bundle.weights int8: a float32 report has exactly the keys it had before.
+        **({"int8": int8} if int8 is not None else {}),
     }

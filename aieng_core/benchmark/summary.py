@@ -36,6 +36,13 @@ def summary_metrics(report: dict[str, Any]) -> dict[str, Any]:
         if row["transformers"] is not None:
             metrics[f"transformers_tokens_per_second_batch_{size}"] = row["transformers"]["tokens_per_second"]
             metrics[f"ratio_vs_transformers_batch_{size}"] = row["ratio_vs_transformers"]
+    int8 = report.get("int8")
+    if int8 is not None:
+        metrics["int8_validation_loss"] = int8["quality"]["validation_loss"]
+        if int8["golden_agreement"] is not None:
+            metrics["int8_golden_token_agreement"] = int8["golden_agreement"]["token_agreement"]
+        for row in report["throughput"]:
+            metrics[f"int8_tokens_per_second_batch_{row['batch_size']}"] = row["int8"]["tokens_per_second"]
     for level in report["latency"]:
         for name in LATENCY_METRICS:
             for percentile in PERCENTILES:
@@ -76,6 +83,9 @@ def figures_markdown(report: dict[str, Any]) -> str:
                 f"{_number(row['ratio_vs_transformers'], 2)} |"
             )
         lines.append("")
+    int8 = report.get("int8")
+    if int8 is not None:
+        lines += int8_markdown(report, int8)
     if report["latency"]:
         header = " | ".join(f"{name.upper()} {p.upper()}" for name in LATENCY_METRICS for p in PERCENTILES)
         lines += [f"| in flight | {header} | tok/s |", "|---" * (2 + len(LATENCY_METRICS) * len(PERCENTILES)) + "|"]
@@ -90,3 +100,28 @@ def figures_markdown(report: dict[str, Any]) -> str:
         f"{memory['budget_bytes'] / 2**30:.2f} GiB ({memory['rule']}); report measured in {report['seconds']:.1f} s"
     )
     return "\n".join(lines)
+
+
+def int8_markdown(report: dict[str, Any], int8: dict[str, Any]) -> list[str]:
+    """The int8 variant beside the float32 model: quality, greedy agreement, throughput."""
+    quality, fp32 = int8["quality"], report["quality"]
+    agreement = int8["golden_agreement"]
+    lines = [
+        f"int8 variant ({int8['method']}):",
+        "",
+        "| | float32 | int8 |",
+        "|---|---|---|",
+        f"| validation loss | {_number(fp32['validation_loss'] if fp32 else None, 4)} | "
+        f"{quality['validation_loss']:.4f} |",
+    ]
+    for row in report["throughput"]:
+        lines.append(
+            f"| tok/s at batch {row['batch_size']} | {_number(row['ours']['tokens_per_second'])} | "
+            f"{_number(row['int8']['tokens_per_second'])} ({row['ratio_int8_vs_ours']:.2f}x) |"
+        )
+    if agreement is not None:
+        lines.append(
+            f"| greedy goldens identical to float32 | | {agreement['identical']}/{agreement['prompts']} "
+            f"({agreement['token_agreement']:.0%} of tokens before the first divergence) |"
+        )
+    return [*lines, ""]

@@ -42,6 +42,9 @@ from aieng_core.store.artifacts import MANIFEST, rebuild_command
 from aieng_core.store.lineage import lineage_summary
 from aieng_core.tokenizer.bpe import TOKENIZER_FILES
 
+# Spelled out (not imported from model/int8_weights.py) to keep torch out of this module's imports.
+FP32, INT8 = "fp32", "int8"
+
 # torch is imported inside the functions: the Dagster code location imports this module to
 # define the asset, and loading the location must stay light.
 
@@ -149,7 +152,7 @@ def produce_bundle_files(
         )
     settings: dict[str, Any] = {name: getattr(recipe, name) for name in SERVING_FIELDS}
     settings["eos_token_id"] = model_config.eos_token_id
-    _write_json(staging / SERVING_FILE, settings)
+    write_json(staging / SERVING_FILE, settings)
 
     # Goldens come from the bytes just copied, through the engine that will serve them.
     prompts = recipe.golden_prompts
@@ -160,7 +163,7 @@ def produce_bundle_files(
     # The limits the goldens were recorded with (every golden waiting at once: the queue's
     # length is the server's, and never shapes the batch), repeated for readers.
     golden = {"device": GOLDEN_DEVICE, "threads": threads, "engine_limits": asdict(engine.limits), "outputs": outputs}
-    _write_json(staging / GOLDEN_FILE, golden)
+    write_json(staging / GOLDEN_FILE, golden)
 
     written = list(BUNDLE_FILES)
     report_metrics: dict[str, Any] = {}
@@ -221,17 +224,41 @@ def bundle_content_sha256(file_hashes: dict[str, str]) -> str:
     return sha256_json(file_hashes)
 
 
-def bundle_spec(config: AiengConfig, model: Artifact, report: Artifact) -> ArtifactSpec:
+def bundle_sections(config: AiengConfig) -> dict[str, Any]:
+    """The bundle: section a bundle's id hashes, as recorded in its recipe. `weights` is left out
+    when it is fp32, so the float32 bundles built before the key existed keep their ids (and an
+    int8 variant's float32 source is hashed as any float32 bundle is)."""
+    values = config.bundle.model_dump(mode="json")
+    if values["weights"] == FP32:
+        values.pop("weights")
+    return {"bundle": values}
+
+
+def bundle_config_sha256(config: AiengConfig) -> str:
+    # One section is hashed bare, as config.section_sha256 does.
+    return sha256_json(bundle_sections(config)["bundle"])
+
+
+def as_fp32(config: AiengConfig) -> AiengConfig:
+    """The config of an int8 variant's float32 source: the same, with bundle.weights fp32."""
+    return config.model_copy(update={"bundle": config.bundle.model_copy(update={"weights": FP32})})
+
+
+def golden_threads(config: AiengConfig) -> int:
     import torch
 
     # golden_threads 0 means torch's default, which follows the machine's cores; goldens
     # recorded with another thread count could differ in the last bit, so it is recipe.
-    threads = config.bundle.golden_threads or torch.get_num_threads()
+    return config.bundle.golden_threads or torch.get_num_threads()
+
+
+def bundle_spec(config: AiengConfig, model: Artifact, report: Artifact) -> ArtifactSpec:
+    threads = golden_threads(config)
     return ArtifactSpec(
         kind=KIND,
         code_version=CODE_VERSION,
-        config_sha256=config.section_sha256("bundle"),
-        config_sections=config.section_values("bundle"),
+        config_sha256=bundle_config_sha256(config),
+        config_sections=bundle_sections(config),
         inputs=((MODEL_KIND, model.id), (BENCHMARK_KIND, report.id)),
         # A report's id is its recipe's, and its figures are measurements: its content hash names
         # the figures this bundle carries (a report measured again under the same id holds other figures).
@@ -255,7 +282,13 @@ def build_serving_bundle(
     store: ArtifactStore, config: AiengConfig, run: RunInfo = RunInfo(), logger: Any = log
 ) -> Artifact:
     """Bundle (or reuse the bundle of) the current model checkpoint, with the current
-    benchmark report, which must be of the same model."""
+    benchmark report, which must be of the same model; with bundle.weights int8, then its int8
+    variant (bundle/int8_variant.py), which becomes the current bundle."""
+    if config.bundle.weights == INT8:
+        from aieng_core.bundle.int8_variant import build_int8_variant
+
+        source = build_serving_bundle(store, as_fp32(config), run, logger)
+        return build_int8_variant(store, config, source, golden_threads(config), run, logger)
     model = store.check_input(store.require_current(MODEL_KIND))
     refuse_partial(model, config.bundle)
     report = current_report(store)
@@ -287,5 +320,5 @@ def current_report(store: ArtifactStore) -> Artifact:
     return report
 
 
-def _write_json(path: Path, value: Any) -> None:
+def write_json(path: Path, value: Any) -> None:
     path.write_text(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")

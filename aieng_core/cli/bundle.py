@@ -42,10 +42,24 @@ def cmd_bundle_build(args: argparse.Namespace) -> int:
             f"serving_bundle {r['id']} ({'reused' if r['reused'] else 'built'}) of model_checkpoint "
             f"{r['metrics']['model_checkpoint_id']}, benchmark_report {r['benchmark_report']['id']}\n"
             f"  {r['metrics']['golden_prompts']} golden prompts, {r['metrics']['files']} files, "
-            f"{r['metrics']['bytes']:,} bytes\n  {r['path']}"
+            f"{r['metrics']['bytes']:,} bytes\n{int8_lines(r['metrics'])}  {r['path']}"
         ),
     )
     return 0
+
+
+def int8_lines(metrics: dict[str, Any]) -> str:
+    """An int8 variant's source and figures, one line each; nothing for a float32 bundle."""
+    if metrics.get("weights") != "int8":
+        return ""
+    agreement, quality = metrics["golden_agreement"], metrics["int8_quality"]
+    return (
+        f"  int8 variant of serving_bundle {metrics['source_bundle_id']} ({metrics['weights_method']})\n"
+        f"  bits per byte on the held-out text: {quality['int8_bits_per_byte']:.4f} int8 vs "
+        f"{quality['fp32_bits_per_byte']:.4f} float32 ({quality['worse_by']:+.2%})\n"
+        f"  greedy goldens identical to float32: {agreement['identical']}/{agreement['prompts']} "
+        f"({agreement['token_agreement']:.0%} of tokens before the first divergence)\n"
+    )
 
 
 def _format_verify(report: dict[str, Any]) -> str:
@@ -95,6 +109,8 @@ def cmd_bundle_current(args: argparse.Namespace) -> int:
         "id": artifact.id,
         "path": str(artifact.path),
         "model_checkpoint_id": artifact.metrics.get("model_checkpoint_id"),
+        "weights": artifact.metrics.get("weights", "fp32"),
+        "source_bundle_id": artifact.metrics.get("source_bundle_id"),
         "lineage": artifact.manifest.get("lineage", {}),
         "production_bundle_id": production,
         # The production bundle is served by following the pointer, so a promote or rollback reaches it.
@@ -117,7 +133,9 @@ def cmd_bundle_current(args: argparse.Namespace) -> int:
         else:
             deployed = f"production serves another bundle: {r['production_bundle_id']}"
         return (
-            f"serving_bundle {r['id']} (model_checkpoint {r['model_checkpoint_id']})\n  {r['path']}\n"
+            f"serving_bundle {r['id']} (model_checkpoint {r['model_checkpoint_id']}"
+            + (f"; int8 variant of {r['source_bundle_id']}" if r["weights"] == "int8" else "")
+            + f")\n  {r['path']}\n"
             f"{deployed}\nserve it:\n  {r['serve_command']}\nthen query it:\n  {r['curl_command']}\n"
             f"what it was made from:\n  {r['lineage_command']}"
         )

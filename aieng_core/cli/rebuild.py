@@ -107,7 +107,7 @@ def builders() -> dict[str, Builder]:
         asset_keys.SERVING_BUNDLE: Builder(
             serving_bundle.CODE_VERSION,
             ("bundle",),
-            sections("bundle"),
+            serving_bundle.bundle_config_sha256,
             lambda store, config, recipe: serving_bundle.build_serving_bundle(store, config),
         ),
     }

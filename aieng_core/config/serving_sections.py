@@ -58,6 +58,16 @@ class BundleConfig(Section):
     allow_partial_model: bool = Field(
         default=False, description="Bundle a model stopped by training.max_minutes before max_steps."
     )
+    weights: Literal["fp32", "int8"] = Field(
+        default="fp32",
+        description=(
+            "int8: the bundle built is the int8 variant of the float32 one (which is built too, and named in the "
+            "variant's manifest as its source): weight-only int8, per output channel, float32 matmuls "
+            "(model/int8_weights.py names the method). A blocking check refuses it when its bits per byte on "
+            "held-out text is worse than the float32 model's by more than gate.int8_max_quality_regression. "
+            "fp32 bundles keep the ids they had before this key existed."
+        ),
+    )
 
     @model_validator(mode="after")
     def _goldens_named(self) -> BundleConfig:
@@ -117,6 +127,16 @@ class ServingConfig(Section):
         "below bundle.max_context (checked when the config loads); a served bundle built with a shorter "
         "context skips the lengths that do not fit it.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _weights_are_the_bundles(cls, data: object) -> object:
+        if isinstance(data, dict) and "weights" in data:
+            raise ValueError(
+                "weights is not a serving: key: the weights decide a bundle's bytes, so they are bundle.weights "
+                "(fp32 or int8); the serving: section never changes a bundle"
+            )
+        return data
 
     @field_validator("warmup_prompt_lengths")
     @classmethod
@@ -212,6 +232,15 @@ class GateConfig(Section):
         description=(
             "Quality: a held-out text shorter than this (UTF-8 bytes) is not judged on its own, only in the pooled "
             "text: a few documents' bits per byte is too noisy to refuse a candidate on."
+        ),
+    )
+    int8_max_quality_regression: float = Field(
+        default=0.01,
+        ge=0.0,
+        strict=False,
+        description=(
+            "An int8 variant (bundle.weights: int8) is refused when its bits per byte on the held-out text is more "
+            "than this fraction above its float32 source's (the bundle check and the gate both decide so)."
         ),
     )
     compare_rounds: int = Field(

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from aieng_core.hashing import sha256_file
+from aieng_core.model.int8_weights import FP32, INT8, WEIGHTS_METADATA_KEY, int8_model, int8_state_dict
 from aieng_core.model.llama import LlamaConfig, LlamaForCausalLM
 from aieng_core.model.weights import load_into, unique_state_dict
 from aieng_core.store import Artifact, ArtifactIntegrityError
@@ -64,15 +65,41 @@ def verify_files(directory: Path, manifest: dict[str, Any], names: tuple[str, ..
 
 
 def load_model(artifact: Artifact, device: str | torch.device = "cpu") -> LlamaForCausalLM:
-    """The model of a model_checkpoint artifact, integrity-checked, memory-mapped."""
+    """The model of a model_checkpoint artifact (or of a bundle), integrity-checked,
+    memory-mapped; an int8 file (its metadata says so) is turned back into float32 weights
+    (model/int8_weights.py)."""
     config = checkpoint_config(artifact)
     tensors = _stored_tensors(artifact, device)
     # Shapes only: the stored tensors become the parameters (memory-mapped, except q/k/v and
     # gate/up, which load_into stacks into new tensors).
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
+    if stored_weights(artifact.path) == INT8:
+        return int8_model(model, tensors).to(device)
     load_into(model, tensors, assign=True)
     return model.to(device).eval()
+
+
+def stored_weights(directory: Path) -> str:
+    """fp32 or int8: what a model.safetensors holds, as its metadata says (fp32 when unsaid)."""
+    try:
+        with safe_open(str(directory / MODEL_FILE), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+    except SafetensorError as exc:
+        raise ArtifactIntegrityError(f"{directory / MODEL_FILE}: unreadable safetensors: {exc}") from None
+    weights = metadata.get(WEIGHTS_METADATA_KEY, FP32)
+    if weights not in (FP32, INT8):
+        raise ArtifactIntegrityError(f"{directory / MODEL_FILE}: unknown {WEIGHTS_METADATA_KEY} {weights!r}")
+    return weights
+
+
+def save_int8_weights(model: LlamaForCausalLM, directory: Path) -> None:
+    """model.safetensors of the int8 variant of a float32 `model` (int8_weights.py)."""
+    tensors = {name: tensor.cpu() for name, tensor in int8_state_dict(model).items()}
+    # One metadata key only: safetensors writes the metadata map in hash order, so two keys come
+    # out in either order and the same weights would give different bytes (and another id's
+    # content). transformers cannot load this file anyway, so its "format" key buys nothing.
+    save_file(tensors, directory / MODEL_FILE, metadata={WEIGHTS_METADATA_KEY: INT8})
 
 
 def checkpoint_config(artifact: Artifact) -> LlamaConfig:

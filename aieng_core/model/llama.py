@@ -347,6 +347,9 @@ class LlamaForCausalLM(nn.Module):
         # cos, sin and signed sin of every position, made on the first cached forward (a plain
         # attribute, not a buffer: it is derived from the config and never saved).
         self._rotary: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        # How the weights were stored: "fp32", or "int8" for an int8 variant's, turned back into
+        # float32 at load (model/int8_weights.py). The arithmetic is float32 either way.
+        self.stored_weights = "fp32"
         self.apply(self._init_weights)
         # Scaled init of the residual projections (GPT-2 / nanoGPT): keeps the residual
         # stream's variance from growing with depth.

@@ -14,7 +14,7 @@ import torch
 from aieng_core.model.llama import LlamaConfig, LlamaForCausalLM
 
 
-def _fused_parts(config: LlamaConfig) -> dict[str, list[tuple[str, int]]]:
+def fused_parts(config: LlamaConfig) -> dict[str, list[tuple[str, int]]]:
     """Each fused parameter (by name suffix) -> the transformers tensors it stacks: (suffix, rows), in row order."""
     q_rows = config.num_attention_heads * config.head_dim
     kv_rows = config.num_key_value_heads * config.head_dim
@@ -33,7 +33,7 @@ def _fused_parts(config: LlamaConfig) -> dict[str, list[tuple[str, int]]]:
 
 def _transformers_tensors(model: LlamaForCausalLM) -> Iterator[tuple[str, torch.Tensor]]:
     """(transformers name, tensor) for every stored tensor, fused ones split into row views."""
-    fused = _fused_parts(model.config)
+    fused = fused_parts(model.config)
     for name, tensor in model.state_dict().items():
         suffix = next((s for s in fused if name.endswith(s)), None)
         if suffix is None:
@@ -64,7 +64,7 @@ def load_into(model: LlamaForCausalLM, tensors: dict[str, torch.Tensor], assign:
     missing, unexpected = expected - set(tensors), set(tensors) - expected
     if missing or unexpected:
         raise ValueError(f"weights do not fit the model: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
-    fused = _fused_parts(model.config)
+    fused = fused_parts(model.config)
     ours = dict(tensors)
     for name in model.state_dict():
         suffix = next((s for s in fused if name.endswith(s)), None)

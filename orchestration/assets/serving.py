@@ -70,9 +70,27 @@ def serving_bundle(context: dg.AssetExecutionContext, aieng: AiengResource) -> d
             "serving_limits": dg.MetadataValue.json(serving),
             "lineage": dg.MetadataValue.json(lineage),
             "serve_command": dg.MetadataValue.text(f"aieng serve --bundle {artifact.path}"),
+            "weights": metrics.get("weights", "fp32"),
+            **variant_metadata(metrics),
         },
         headline=bundle_headline(artifact.id, metrics, aieng.store()),
     )
+
+
+def variant_metadata(metrics: dict[str, Any]) -> dict[str, Any]:
+    """An int8 variant's source, method, agreement and quality figures; nothing for float32."""
+    if metrics.get("weights") != "int8":
+        return {}
+    quality = metrics["int8_quality"]
+    return {
+        "source_bundle_id": metrics["source_bundle_id"],
+        "weights_method": metrics["weights_method"],
+        "golden_agreement": dg.MetadataValue.json(metrics["golden_agreement"]),
+        "fp32_bits_per_byte": quality["fp32_bits_per_byte"],
+        "int8_bits_per_byte": quality["int8_bits_per_byte"],
+        "model_bytes": metrics["model_bytes"],
+        "source_model_bytes": metrics["source_model_bytes"],
+    }
 
 
 def bundle_headline(bundle_id: str, metrics: dict[str, Any], store: ArtifactStore) -> dict[str, Any]:
@@ -113,4 +131,44 @@ def bundle_verified(aieng: AiengResource) -> dg.AssetCheckResult:
     )
 
 
-CHECKS = [bundle_verified]
+@dg.asset_check(
+    asset=serving_bundle,
+    blocking=True,
+    description=(
+        "An int8 variant (bundle.weights: int8) against its float32 source: refused when its bits per byte on the "
+        "held-out text is worse by more than gate.int8_max_quality_regression (the gate decides the same); reports "
+        "greedy agreement with the float32 goldens. A float32 bundle passes: nothing is quantized."
+    ),
+)
+def int8_within_quality_margin(aieng: AiengResource) -> dg.AssetCheckResult:
+    from aieng_core.bundle.int8_variant import int8_refusal, is_variant
+
+    artifact = aieng.store().require_current(serving_bundle.key.to_user_string())
+    if not is_variant(artifact):
+        return dg.AssetCheckResult(
+            passed=True, description="a float32 bundle: nothing quantized", metadata={"bundle_id": artifact.id}
+        )
+    metrics = artifact.metrics
+    margin = aieng.settings().gate.int8_max_quality_regression
+    refusal = int8_refusal(metrics, margin)
+    quality = metrics.get("int8_quality") or {}
+    agreement = metrics.get("golden_agreement") or {}
+    return dg.AssetCheckResult(
+        passed=refusal is None,
+        description=refusal,
+        metadata={
+            "bundle_id": artifact.id,
+            "source_bundle_id": metrics.get("source_bundle_id", ""),
+            "weights_method": metrics.get("weights_method", ""),
+            "fp32_bits_per_byte": quality.get("fp32_bits_per_byte", float("nan")),
+            "int8_bits_per_byte": quality.get("int8_bits_per_byte", float("nan")),
+            "worse_by": quality.get("worse_by", float("nan")),
+            "margin": margin,
+            "goldens_identical": agreement.get("identical", 0),
+            "golden_prompts": agreement.get("prompts", 0),
+            "golden_token_agreement": agreement.get("token_agreement", float("nan")),
+        },
+    )
+
+
+CHECKS = [bundle_verified, int8_within_quality_margin]

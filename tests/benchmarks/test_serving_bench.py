@@ -72,7 +72,7 @@ def test_summary_refuses_a_run_where_nothing_completed() -> None:
 
 
 # ---- rounds and their report on fake workers (no processes) -------------------------------------
-PEERS = ("ours", "transformers", "ctranslate2", "http")
+PEERS = ("ours", "transformers", "ctranslate2", "ours_int8", "ctranslate2_int8", "http")
 
 
 def test_the_peer_order_alternates_from_round_to_round() -> None:
@@ -88,8 +88,8 @@ def test_the_peer_order_alternates_from_round_to_round() -> None:
     assert calls == forward + backward + forward
     assert [record["order"] for record in records] == [forward, backward, forward]
     assert [record["round"] for record in records] == [0, 1, 2]
-    # Each record holds what its own run returned: round 1 ran http first (call 5), ours last (call 8).
-    assert [records[1][peer]["call"] for peer in PEERS] == [8, 7, 6, 5]
+    # Each record holds what its own run returned: round 1 ran http first (call 7), ours last (call 12).
+    assert [records[1][peer]["call"] for peer in PEERS] == [12, 11, 10, 9, 8, 7]
     assert [peer_order(PEERS, index)[0] for index in range(4)] == ["ours", "http", "ours", "http"]
 
 
@@ -132,8 +132,11 @@ FACTORS = {
     "transformers": (1.0, 2.0, 8.0),
     "ctranslate2": (2.0, 8.0, 1.0),
     "http": (1.0, 4.0, 2.0),
+    "ours_int8": (2.0, 1.0, 8.0),
+    "ctranslate2_int8": (1.0, 8.0, 2.0),
 }
-BASE = {"ours": 100.0, "transformers": 20.0, "ctranslate2": 50.0, "http": 40.0}
+BASE = {"ours": 100.0, "transformers": 20.0, "ctranslate2": 50.0, "http": 40.0, "ours_int8": 75.0}
+BASE["ctranslate2_int8"] = 60.0
 SCALE = {"single_stream": 1.0, "batch_16": 8.0, "batch_64": 32.0, "mixed_batch": 4.0, "mixed_sequential": 1.0}
 SCALE["mixed_static_batch"] = 2.0
 TOKENS = {"single_stream": 8, "batch_16": 64, "batch_64": 256, "mixed_batch": 8, "mixed_sequential": 8}
@@ -142,6 +145,8 @@ WORKLOADS = {
     "ours": ("single_stream", "batch_16", "batch_64", "mixed_batch"),
     "transformers": ("single_stream", "batch_16", "batch_64", "mixed_sequential", "mixed_static_batch"),
     "ctranslate2": ("single_stream", "batch_16", "batch_64", "mixed_batch"),
+    "ours_int8": ("single_stream", "batch_16", "batch_64"),
+    "ctranslate2_int8": ("single_stream", "batch_16", "batch_64"),
 }
 FAKE_PLAN = {
     "single_stream_prompts": [[5, 6, 7], [8, 9]],
@@ -247,7 +252,15 @@ def test_the_report_of_fake_rounds_has_exact_medians_spreads_and_goals(monkeypat
         # the worse (streamed) is 0.05, 0.8, 0.2; its median 0.2.
         "http_1_client_vs_in_process": (pytest.approx(0.2), False),
         "http_64_clients_vs_in_process": (pytest.approx(0.2), False),
+        # The medians at batch 64: 75 x 32 x 2 over 60 x 32 x 2.
+        "int8_batch_64_vs_ctranslate2_int8": (pytest.approx(1.25), True),
     }
+    int8 = figures["int8_vs_ctranslate2_int8"]
+    for size, workload in (("1", "single_stream"), ("16", "batch_16"), ("64", "batch_64")):
+        for peer in ("ours_int8", "ctranslate2_int8", "ours"):
+            assert int8[size][peer] == expected_figure(peer, workload)
+        assert int8[size]["int8_over_fp32"] == pytest.approx(0.75)
+        assert int8[size]["identical_to_fp32"] == "1/2"
     versus = figures["http_vs_in_process"]["http_1_client_vs_in_process"]
     assert versus["no_stream"]["ratio"]["rounds"] == pytest.approx([0.1, 1.6, 0.4])
     assert versus["worse_ratio"]["rounds"] == pytest.approx([0.05, 0.8, 0.2])
@@ -255,7 +268,7 @@ def test_the_report_of_fake_rounds_has_exact_medians_spreads_and_goals(monkeypat
     flops = figures["flops_at_batch_64"]
     assert flops["achieved_gflops"] == spread([2 * 1000 * rate("ours", n, "batch_64") / 1e9 for n in range(3)])
     assert flops["achieved_gflops"]["median"] == 2 * 1000 * 6400 / 1e9
-    assert results["machine"]["torch_threads_per_peer"] == {p: [1, 1, 1] for p in PEERS[:3]}
+    assert results["machine"]["torch_threads_per_peer"] == {p: [1, 1, 1] for p in PEERS[:-1]}
 
 
 # ---- a quick run, end to end --------------------------------------------------------------------
@@ -407,3 +420,21 @@ def test_cli_runs_the_serving_suite(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     with pytest.raises(SystemExit):
         cli.main(["bench", "serving", "--quick", "--out", str(tmp_path / "s.json")])
     assert seen["quick"] is True and seen["out"] == str(tmp_path / "s.json")
+
+
+@pytest.mark.e2e
+def test_the_int8_peers_ran_int8(results: dict) -> None:
+    (record,) = results["rounds"]
+    assert record["ctranslate2_int8"]["compute_type"] == "int8_float32"  # int8 matmuls, float32 elsewhere
+    assert record["ctranslate2"]["compute_type"] == "float32"
+    # Weight-only int8 is float32 compute: its steps are captured as float32's are.
+    graphs = record["ours_int8"]["engine_warmup"]["step_graphs"]
+    assert graphs["captured_buckets"] == record["ours"]["engine_warmup"]["step_graphs"]["captured_buckets"]
+    int8 = results["figures"]["int8_vs_ctranslate2_int8"]
+    sizes = [size for size in int8 if size.isdigit()]
+    batches = results["figures"]["batch_vs_ctranslate2"]
+    assert sizes == sorted((size for size in batches if size.isdigit()), key=int)
+    for size in sizes:
+        row = int8[size]
+        assert row["ours_int8"]["tokens"] == row["ours"]["tokens"] == row["ctranslate2_int8"]["tokens"] > 0
+    assert "int8_batch_64_vs_ctranslate2_int8" in results["goals"]

@@ -357,6 +357,7 @@ class VersionInfo(_Response):
     server_version: str
     inputs: list[dict[str, Any]]
     lineage: dict[str, Any] | None
+    weights: str
 
 
 class ErrorDetail(_Response):

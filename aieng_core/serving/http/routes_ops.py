@@ -59,6 +59,8 @@ async def version(state: ServingState = Depends(serving_state)) -> Any:
         "server_version": server_version(),
         "inputs": manifest.get("inputs", []),
         "lineage": manifest.get("lineage"),
+        # fp32, or int8 for an int8 variant (whose only input is its float32 source).
+        "weights": replica.bundle.serving.get("weights", "fp32"),
     }
 
 

@@ -91,7 +91,10 @@ def test_manifest_inputs_recipe_and_metrics(
         {"kind": "model_checkpoint", "id": model.id},
         {"kind": "benchmark_report", "id": report.id},
     ]
-    assert bundle.manifest["config_sha256"] == serving_bundle_artifact.config.section_sha256("bundle")
+    # The bundle: section without `weights` (fp32): float32 bundles keep the ids they had before it.
+    recipe = serving_bundle_artifact.config.bundle.model_dump(mode="json")
+    assert recipe.pop("weights") == "fp32"
+    assert bundle.manifest["config_sha256"] == sha256_json(recipe)
     metrics = bundle.metrics
     assert metrics["model_checkpoint_id"] == model.id
     # The report's figures ride along.

@@ -1,0 +1,219 @@
+"""The int8 variant of a serving bundle (bundle.weights: int8): the same bundle with its linear
+weights in int8 (model/int8_weights.py names the method), built from the float32 bundle it
+names as its only input, so its manifest and lineage say exactly which float32 bytes it was
+quantized from.
+
+What it holds beside the float32 bundle's files (config, tokenizer, benchmark.json copied
+byte for byte and checked against the source's manifest): model.safetensors in int8,
+serving.json with `weights: int8` and the method, and goldens recorded again through the int8
+engine (replayed by `aieng bundle verify` like any bundle's). Its manifest's metrics add:
+- golden_agreement: the int8 greedy continuations of the golden prompts against the float32
+  bundle's, prompt by prompt (identical, tokens agreeing before the first divergence);
+- int8_quality: bits per byte of both models on the held-out text of the model's dataset
+  (the gate's measure, gate/quality.py), and how much worse the int8 one is.
+Whether that is acceptable is decided where the margin lives (gate.int8_max_quality_regression):
+`int8_refusal`, which the bundle's blocking check and the gate both call.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from aieng_core import asset_keys
+from aieng_core.config import AiengConfig
+from aieng_core.hashing import sha256_file
+from aieng_core.store import Artifact, ArtifactIntegrityError, ArtifactSpec, ArtifactStore, Produced, RunInfo
+from aieng_core.store.artifacts import MANIFEST
+
+KIND = asset_keys.SERVING_BUNDLE
+# The kind's code version (serving_bundle.CODE_VERSION, which `aieng store rebuild` checks) and
+# this builder's own, in the recipe: a change here changes only the variants' ids.
+VARIANT_CODE_VERSION = "int8-v1"
+WEIGHTS = "int8"
+# Copied from the float32 bundle as they are; model.safetensors, serving.json and golden.json are made here.
+COPIED_FILES = ("config.json", "generation_config.json", "benchmark.json")
+
+
+def is_variant(bundle: Artifact) -> bool:
+    return bundle.metrics.get("weights") == WEIGHTS
+
+
+def variant_spec(config: AiengConfig, source: Artifact, threads: int) -> ArtifactSpec:
+    from aieng_core.bundle.golden import GOLDEN_DEVICE
+    from aieng_core.bundle.serving_bundle import CODE_VERSION, bundle_config_sha256, bundle_sections
+    from aieng_core.model.int8_weights import METHOD
+
+    return ArtifactSpec(
+        kind=KIND,
+        code_version=CODE_VERSION,
+        config_sha256=bundle_config_sha256(config),
+        config_sections=bundle_sections(config),
+        inputs=((KIND, source.id),),
+        recipe={
+            "weights": WEIGHTS,
+            "variant_code_version": VARIANT_CODE_VERSION,
+            "method": METHOD,
+            "device": GOLDEN_DEVICE,
+            "threads": threads,
+        },
+    )
+
+
+def build_int8_variant(
+    store: ArtifactStore, config: AiengConfig, source: Artifact, threads: int, run: RunInfo, logger: Any
+) -> Artifact:
+    """Build (or reuse) the int8 variant of the float32 bundle `source`."""
+    from aieng_core.store.lineage import lineage_summary
+
+    store.check_input(source)
+    spec = variant_spec(config, source, threads)
+    lineage = lineage_summary(store, source)
+
+    def produce(staging: Path) -> Produced:
+        produced = produce_variant_files(staging, store, source, threads)
+        agreement = produced.metrics["golden_agreement"]
+        quality = produced.metrics["int8_quality"]
+        logger.info(
+            f"{KIND}: int8 variant of {source.id}: {agreement['identical']}/{agreement['prompts']} goldens identical "
+            f"to float32, {quality['int8_bits_per_byte']:.4f} vs {quality['fp32_bits_per_byte']:.4f} bits per byte "
+            f"({quality['worse_by']:+.2%})"
+        )
+        return Produced(produced.content_sha256, produced.metrics, extra={**produced.extra, "lineage": lineage})
+
+    return store.build(spec, produce, run, logger)
+
+
+def produce_variant_files(staging: Path, store: ArtifactStore, source: Artifact, threads: int) -> Produced:
+    from aieng_core.bundle.golden import GOLDEN_DEVICE
+    from aieng_core.bundle.serving_bundle import (
+        BUNDLE_FILES,
+        GOLDEN_FILE,
+        SERVING_FILE,
+        bundle_content_sha256,
+        engine_for,
+        write_json,
+    )
+    from aieng_core.bundle.verify import LoadedBundle, load_bundle
+    from aieng_core.model.hf_files import MODEL_FILE, load_model, save_int8_weights
+    from aieng_core.model.int8_weights import METHOD
+    from aieng_core.serving.device import torch_threads
+    from aieng_core.serving.greedy import greedy_continuations
+    from aieng_core.tokenizer.bpe import TOKENIZER_FILES
+
+    with torch_threads(threads):
+        # The float32 bundle, re-hashed and its goldens replayed: what is quantized is what it names.
+        fp32 = load_bundle(source.path, GOLDEN_DEVICE)
+        copy_listed(source, (*COPIED_FILES, *TOKENIZER_FILES), staging)
+        save_int8_weights(fp32.model, staging)
+        settings = {**fp32.serving, "weights": WEIGHTS, "weights_method": METHOD}
+        write_json(staging / SERVING_FILE, settings)
+        # Goldens and figures come from the int8 bytes just written, loaded as a server loads them.
+        staged = Artifact(
+            kind=KIND,
+            id="staging",
+            path=staging,
+            manifest={"files": {name: sha256_file(staging / name) for name in (MODEL_FILE, "config.json")}},
+        )
+        model = load_model(staged, GOLDEN_DEVICE)
+        golden_doc = json.loads((source.path / GOLDEN_FILE).read_text(encoding="utf-8"))
+        prompts = [entry["prompt"] for entry in golden_doc["outputs"]]
+        max_new = int(golden_doc["outputs"][0]["max_new_tokens"])
+        engine = engine_for(model, fp32.tokenizer, settings, max_waiting=len(prompts))
+        outputs = greedy_continuations(engine, prompts, max_new)
+        write_json(staging / GOLDEN_FILE, {**golden_doc, "threads": threads, "outputs": outputs})
+        int8 = LoadedBundle("staging", staging, {}, settings, outputs, model, fp32.tokenizer, fp32.eos_token_id)
+        quality = int8_quality(store, fp32, int8)
+
+    content = {name: sha256_file(staging / name) for name in BUNDLE_FILES}
+    written = [*BUNDLE_FILES, "benchmark.json"]
+    source_metrics = source.metrics
+    metrics = {
+        **{name: source_metrics[name] for name in ("model_checkpoint_id", "benchmark_report_id", "benchmark")},
+        **{name: source_metrics[name] for name in ("parameters", "eos_token_id", "kv_cache_bytes")},
+        **{name: source_metrics[name] for name in ("max_batch", "max_context", "max_prefill_tokens")},
+        "weights": WEIGHTS,
+        "weights_method": METHOD,
+        "source_bundle_id": source.id,
+        "golden_prompts": len(outputs),
+        "golden_max_new_tokens": max_new,
+        "golden_threads": threads,
+        "golden_agreement": golden_agreement(golden_doc["outputs"], outputs),
+        "int8_quality": quality,
+        "files": len(written),
+        "bytes": sum((staging / name).stat().st_size for name in written),
+        "model_bytes": (staging / MODEL_FILE).stat().st_size,
+        "source_model_bytes": (source.path / MODEL_FILE).stat().st_size,
+    }
+    return Produced(content_sha256=bundle_content_sha256(content), metrics=metrics)
+
+
+def copy_listed(source: Artifact, names: tuple[str, ...], staging: Path) -> None:
+    """Copy files of `source`, each checked against its manifest as it is copied."""
+    listed = source.manifest.get("files", {})
+    for name in names:
+        path = source.path / name
+        if name not in listed:
+            raise ArtifactIntegrityError(f"{path}: not listed in {source.path / MANIFEST}")
+        shutil.copyfile(path, staging / name)
+        if sha256_file(staging / name) != listed[name]:
+            raise ArtifactIntegrityError(
+                f"{path}: SHA-256 does not match its manifest (damaged, or changed while being copied)"
+            )
+
+
+def golden_agreement(fp32: list[dict[str, Any]], int8: list[dict[str, Any]]) -> dict[str, Any]:
+    """Greedy agreement of the int8 goldens with the float32 ones, prompt by prompt: identical
+    continuations, and tokens equal before the first divergence (after it, the two condition
+    on different text, so later tokens say nothing more)."""
+    per_prompt = []
+    for expected, got in zip(fp32, int8, strict=True):
+        a, b = list(expected["token_ids"]), list(got["token_ids"])
+        agreeing = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        per_prompt.append(
+            {"prompt": expected["prompt"], "identical": a == b, "tokens_agreeing": agreeing, "tokens": len(a)}
+        )
+    tokens = sum(p["tokens"] for p in per_prompt)
+    agreeing = sum(p["tokens_agreeing"] for p in per_prompt)
+    return {
+        "prompts": len(per_prompt),
+        "identical": sum(1 for p in per_prompt if p["identical"]),
+        "tokens": tokens,
+        "tokens_agreeing": agreeing,
+        "token_agreement": agreeing / tokens if tokens else 1.0,
+        "per_prompt": per_prompt,
+    }
+
+
+def int8_quality(store: ArtifactStore, fp32: Any, int8: Any) -> dict[str, Any]:
+    """Bits per byte of both loaded bundles on the held-out text of their model's dataset."""
+    from aieng_core.gate.quality import dataset_of, held_out_text, model_bits, verified_dataset
+
+    text = held_out_text(verified_dataset(store, dataset_of(fp32)), fp32, "held_out_validation")
+    fp32_bpb = model_bits(fp32, text.documents)[0] / text.bytes
+    int8_bpb = model_bits(int8, text.documents)[0] / text.bytes
+    return {
+        "measure": "bits per byte of UTF-8 text (next-token loss in bits / bytes of text); lower is better",
+        "text": text.summary(),
+        "fp32_bits_per_byte": fp32_bpb,
+        "int8_bits_per_byte": int8_bpb,
+        "worse_by": int8_bpb / fp32_bpb - 1.0,
+    }
+
+
+def int8_refusal(metrics: dict[str, Any], margin: float) -> str | None:
+    """Why an int8 variant (its manifest metrics) is refused under `margin`
+    (gate.int8_max_quality_regression), or None when it is within it."""
+    quality = metrics.get("int8_quality")
+    if not isinstance(quality, dict):
+        return "its manifest records no int8_quality figures: it cannot be judged"
+    worse = float(quality["worse_by"])
+    if worse > margin:
+        return (
+            f"the int8 variant's {quality['int8_bits_per_byte']:.4f} bits per byte on the held-out text is "
+            f"{worse:.2%} above its float32 source's {quality['fp32_bits_per_byte']:.4f} "
+            f"({metrics.get('source_bundle_id')}); gate.int8_max_quality_regression allows {margin:.2%}"
+        )
+    return None
