@@ -43,6 +43,8 @@ STAGES: dict[str, str] = {
     "model_checkpoint": "aieng_core.training.model_checkpoint",
     "benchmark_report": "aieng_core.benchmark.benchmark_report",
     "serving_bundle": "aieng_core.bundle.serving_bundle",
+    # The int8 variant's own builder (bundle.weights: int8), versioned in its recipe.
+    "serving_bundle_int8": "aieng_core.bundle.int8_variant",
     "production_deployment": "aieng_core.gate.production_deployment",
 }
 

@@ -18,6 +18,7 @@ Whether that is acceptable is decided where the margin lives (gate.int8_max_qual
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -29,32 +30,39 @@ from aieng_core.store import Artifact, ArtifactIntegrityError, ArtifactSpec, Art
 from aieng_core.store.artifacts import MANIFEST
 
 KIND = asset_keys.SERVING_BUNDLE
-# The kind's code version (serving_bundle.CODE_VERSION, which `aieng store rebuild` checks) and
-# this builder's own, in the recipe: a change here changes only the variants' ids.
-VARIANT_CODE_VERSION = "int8-v1"
+# This builder's own version, locked to its source (and model/int8_weights.py's) by
+# code_versions.py like every stage's, and recorded in the variant's recipe; the spec's
+# code_version is the kind's (serving_bundle.CODE_VERSION, which `aieng store rebuild` checks).
+CODE_VERSION = "serving_bundle_int8-v1"
 WEIGHTS = "int8"
 # Copied from the float32 bundle as they are; model.safetensors, serving.json and golden.json are made here.
 COPIED_FILES = ("config.json", "generation_config.json", "benchmark.json")
 
 
 def is_variant(bundle: Artifact) -> bool:
+    """What its manifest says (for display); decisions read the verified serving.json (`serves_int8`)."""
     return bundle.metrics.get("weights") == WEIGHTS
 
 
+def serves_int8(loaded: Any) -> bool:
+    """A loaded (verified) bundle is an int8 variant: its serving.json, a hashed file, says so."""
+    return loaded.serving.get("weights") == WEIGHTS
+
+
 def variant_spec(config: AiengConfig, source: Artifact, threads: int) -> ArtifactSpec:
+    from aieng_core.bundle import serving_bundle
     from aieng_core.bundle.golden import GOLDEN_DEVICE
-    from aieng_core.bundle.serving_bundle import CODE_VERSION, bundle_config_sha256, bundle_sections
     from aieng_core.model.int8_weights import METHOD
 
     return ArtifactSpec(
         kind=KIND,
-        code_version=CODE_VERSION,
-        config_sha256=bundle_config_sha256(config),
-        config_sections=bundle_sections(config),
+        code_version=serving_bundle.CODE_VERSION,
+        config_sha256=serving_bundle.bundle_config_sha256(config),
+        config_sections=serving_bundle.bundle_sections(config),
         inputs=((KIND, source.id),),
         recipe={
             "weights": WEIGHTS,
-            "variant_code_version": VARIANT_CODE_VERSION,
+            "variant_code_version": CODE_VERSION,
             "method": METHOD,
             "device": GOLDEN_DEVICE,
             "threads": threads,
@@ -106,6 +114,8 @@ def produce_variant_files(staging: Path, store: ArtifactStore, source: Artifact,
     with torch_threads(threads):
         # The float32 bundle, re-hashed and its goldens replayed: what is quantized is what it names.
         fp32 = load_bundle(source.path, GOLDEN_DEVICE)
+        if serves_int8(fp32):
+            raise ValueError(f"{KIND} {source.id} is an int8 variant itself: a variant is made from a float32 bundle")
         copy_listed(source, (*COPIED_FILES, *TOKENIZER_FILES), staging)
         save_int8_weights(fp32.model, staging)
         settings = {**fp32.serving, "weights": WEIGHTS, "weights_method": METHOD}
@@ -203,17 +213,36 @@ def int8_quality(store: ArtifactStore, fp32: Any, int8: Any) -> dict[str, Any]:
     }
 
 
-def int8_refusal(metrics: dict[str, Any], margin: float) -> str | None:
-    """Why an int8 variant (its manifest metrics) is refused under `margin`
-    (gate.int8_max_quality_regression), or None when it is within it."""
-    quality = metrics.get("int8_quality")
-    if not isinstance(quality, dict):
-        return "its manifest records no int8_quality figures: it cannot be judged"
-    worse = float(quality["worse_by"])
+def measured_int8_quality(store: ArtifactStore, variant: Any) -> dict[str, Any]:
+    """int8_quality measured again on verified bytes: `variant` (a loaded bundle) and its float32
+    source (its manifest's only input, re-hashed as it loads), on the same held-out text. What
+    the check and the gate decide on: the figures recorded at build time are a record, not trusted."""
+    from aieng_core.bundle.golden import GOLDEN_DEVICE
+    from aieng_core.bundle.verify import load_bundle
+
+    sources = [item.get("id") for item in variant.manifest.get("inputs", []) if item.get("kind") == KIND]
+    named = variant.manifest.get("metrics", {}).get("source_bundle_id")
+    if len(sources) != 1 or sources[0] != named:
+        raise ArtifactIntegrityError(
+            f"{variant.path / MANIFEST}: an int8 variant names one float32 {KIND} as its input and as "
+            f"source_bundle_id; this one names {sources} and {named}"
+        )
+    fp32 = load_bundle(store.get(KIND, str(sources[0])).path, GOLDEN_DEVICE, check_goldens=False)
+    if serves_int8(fp32):
+        raise ArtifactIntegrityError(f"{fp32.path}: the source of int8 variant {variant.bundle_id} is not float32")
+    return {"source_bundle_id": fp32.bundle_id, **int8_quality(store, fp32, variant)}
+
+
+def int8_refusal(quality: dict[str, Any], margin: float) -> str | None:
+    """Why an int8 variant with these figures (int8_quality's, with source_bundle_id) is refused
+    under `margin` (gate.int8_max_quality_regression), or None when it is within it."""
+    worse = quality.get("worse_by")
+    if not isinstance(worse, (int, float)) or not math.isfinite(worse):
+        return f"the int8 variant's bits per byte cannot be judged: worse_by is {worse!r}, not a finite number"
     if worse > margin:
         return (
             f"the int8 variant's {quality['int8_bits_per_byte']:.4f} bits per byte on the held-out text is "
             f"{worse:.2%} above its float32 source's {quality['fp32_bits_per_byte']:.4f} "
-            f"({metrics.get('source_bundle_id')}); gate.int8_max_quality_regression allows {margin:.2%}"
+            f"({quality.get('source_bundle_id')}); gate.int8_max_quality_regression allows {margin:.2%}"
         )
     return None

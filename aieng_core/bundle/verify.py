@@ -211,6 +211,13 @@ def load_bundle(path: str | Path, device: str = "cpu", check_goldens: bool = Tru
                 raise BundleVerificationError(
                     f"serving bundle {path} failed verification: {golden_problem(path, result)}"
                 )
+    from aieng_core.model.hf_files import stored_weights
+
+    said, stored = serving.get("weights", "fp32"), stored_weights(path)
+    if said != stored:
+        raise BundleVerificationError(
+            f"{path / SERVING_FILE}: weights {said!r}, but model.safetensors holds {stored!r}"
+        )
     eos = int(serving["eos_token_id"])
     if checkpoint_config(artifact).eos_token_id != eos:
         raise BundleVerificationError(f"{path / SERVING_FILE}: eos_token_id {eos} is not the model's")

@@ -183,7 +183,7 @@ def quality_step(
     # The verify step re-hashed the candidate and replayed its goldens; the deployed bundle's
     # files are re-hashed as it loads.
     candidate = load_bundle(candidate_path, DEVICE, check_goldens=False)
-    refuse_int8_beyond_margin(candidate.manifest.get("metrics", {}), config, figures)
+    refuse_int8_beyond_margin(candidate, store, config, figures)
     candidate_dataset = verified_dataset(store, dataset_of(candidate))  # the text's and the baseline's
     texts = [held_out_text(candidate_dataset, candidate, "candidate_validation")]
     deployed = None
@@ -285,24 +285,27 @@ def quality_step(
 POOLED = "pooled"
 
 
-def refuse_int8_beyond_margin(metrics: dict[str, Any], config: AiengConfig, figures: dict[str, Any]) -> None:
-    """An int8 variant is judged against its float32 source first (bundle/int8_variant.py: the
-    figures its build measured on its model's held-out text), as its bundle check judges it."""
-    from aieng_core.bundle.int8_variant import WEIGHTS, int8_refusal
+def refuse_int8_beyond_margin(
+    candidate: Any, store: ArtifactStore, config: AiengConfig, figures: dict[str, Any]
+) -> None:
+    """An int8 variant (its verified serving.json says so) is judged against its float32 source
+    first, both measured again here on the same held-out text, by the rule its bundle check
+    applies (bundle/int8_variant.py)."""
+    from aieng_core.bundle.int8_variant import int8_refusal, measured_int8_quality, serves_int8
 
-    if metrics.get("weights") != WEIGHTS:
+    if not serves_int8(candidate):
         return
     margin = config.gate.int8_max_quality_regression
-    quality = metrics.get("int8_quality") or {}
-    figures["int8"] = {"source_bundle_id": metrics.get("source_bundle_id"), "margin": margin, **quality}
-    refusal = int8_refusal(metrics, margin)
+    quality = measured_int8_quality(store, candidate)
+    figures["int8"] = {"margin": margin, **quality}
+    refusal = int8_refusal(quality, margin)
     if refusal is not None:
         raise GateFailed(
             "quality",
             "int8_bits_per_byte",
             refusal,
-            value=quality.get("int8_bits_per_byte"),
-            limit=(quality["fp32_bits_per_byte"] * (1.0 + margin)) if "fp32_bits_per_byte" in quality else None,
+            value=quality["int8_bits_per_byte"],
+            limit=quality["fp32_bits_per_byte"] * (1.0 + margin),
             figures=figures,
         )
 

@@ -75,7 +75,10 @@ def load_model(artifact: Artifact, device: str | torch.device = "cpu") -> LlamaF
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     if stored_weights(artifact.path) == INT8:
-        return int8_model(model, tensors).to(device)
+        try:
+            return int8_model(model, tensors).to(device)
+        except ValueError as exc:
+            raise ArtifactIntegrityError(f"{artifact.path / MODEL_FILE}: {exc}") from None
     load_into(model, tensors, assign=True)
     return model.to(device).eval()
 

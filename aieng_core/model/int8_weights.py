@@ -59,6 +59,8 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def int8_state_dict(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
     """What an int8 model.safetensors holds, from a float32 model: every linear weight as int8
     rows plus `_scale`, a tied lm_head included; everything else as it is."""
+    if is_int8_model(model):
+        raise ValueError("the model's weights are an int8 variant's already: quantize its float32 source")
     state = unique_state_dict(model)
     if model.config.tie_word_embeddings:
         state["lm_head.weight"] = model.lm_head.weight.detach().clone()
@@ -83,17 +85,11 @@ def int8_model(model: LlamaForCausalLM, tensors: dict[str, torch.Tensor]) -> Lla
                 raise ValueError(f"int8 weights: {name} scales no int8 linear weight")
             continue
         if not is_linear_weight(name):
+            if tensor.dtype != torch.float32:
+                raise ValueError(f"int8 weights: {name} is {tensor.dtype}, not float32")
             weights[name] = tensor
             continue
-        scale = tensors.get(name + SCALE_SUFFIX)
-        if tensor.dtype != torch.int8 or scale is None:
-            raise ValueError(f"int8 weights: {name} is {tensor.dtype} without its {name}{SCALE_SUFFIX}")
-        if tensor.dim() != 2 or tuple(scale.shape) != (tensor.shape[0],):
-            raise ValueError(
-                f"int8 weights: {name}{SCALE_SUFFIX} has shape {tuple(scale.shape)}, not one scale per row of "
-                f"{name} {tuple(tensor.shape)}"
-            )
-        weights[name] = dequantize(tensor, scale)
+        weights[name] = dequantize(name, tensor, tensors.get(name + SCALE_SUFFIX))
     lm_head = weights.pop("lm_head.weight", None)
     if lm_head is None:
         raise ValueError("int8 weights: lm_head.weight is missing")
@@ -107,8 +103,20 @@ def int8_model(model: LlamaForCausalLM, tensors: dict[str, torch.Tensor]) -> Lla
     return model.eval()
 
 
-def dequantize(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return values.to(torch.float32) * scale.to(torch.float32)[:, None]
+def dequantize(name: str, values: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """float32 weight `name` from its int8 rows and their scales, each checked first."""
+    if values.dtype != torch.int8 or values.dim() != 2:
+        raise ValueError(f"int8 weights: {name} is a {values.dim()}-d {values.dtype} tensor, not 2-d int8")
+    if scale is None:
+        raise ValueError(f"int8 weights: {name} has no {name}{SCALE_SUFFIX}")
+    if scale.dtype != torch.float32 or tuple(scale.shape) != (values.shape[0],):
+        raise ValueError(
+            f"int8 weights: {name}{SCALE_SUFFIX} is {scale.dtype} of shape {tuple(scale.shape)}, not one float32 "
+            f"scale per row of {name} {tuple(values.shape)}"
+        )
+    if not bool(torch.isfinite(scale).all()) or not bool((scale > 0).all()):
+        raise ValueError(f"int8 weights: {name}{SCALE_SUFFIX} holds a scale that is not finite and above 0")
+    return values.to(torch.float32) * scale[:, None]
 
 
 def quantized_copy(model: LlamaForCausalLM) -> LlamaForCausalLM:

@@ -141,28 +141,30 @@ def bundle_verified(aieng: AiengResource) -> dg.AssetCheckResult:
     ),
 )
 def int8_within_quality_margin(aieng: AiengResource) -> dg.AssetCheckResult:
-    from aieng_core.bundle.int8_variant import int8_refusal, is_variant
+    from aieng_core.bundle.int8_variant import int8_refusal, measured_int8_quality, serves_int8
+    from aieng_core.bundle.verify import load_bundle
 
-    artifact = aieng.store().require_current(serving_bundle.key.to_user_string())
-    if not is_variant(artifact):
+    store = aieng.store()
+    artifact = store.require_current(serving_bundle.key.to_user_string())
+    loaded = load_bundle(artifact.path, check_goldens=False)  # re-hashed: serving.json says what it is
+    if not serves_int8(loaded):
         return dg.AssetCheckResult(
             passed=True, description="a float32 bundle: nothing quantized", metadata={"bundle_id": artifact.id}
         )
-    metrics = artifact.metrics
     margin = aieng.settings().gate.int8_max_quality_regression
-    refusal = int8_refusal(metrics, margin)
-    quality = metrics.get("int8_quality") or {}
-    agreement = metrics.get("golden_agreement") or {}
+    quality = measured_int8_quality(store, loaded)  # both models scored again, not the recorded figures
+    refusal = int8_refusal(quality, margin)
+    agreement = artifact.metrics.get("golden_agreement") or {}
     return dg.AssetCheckResult(
         passed=refusal is None,
         description=refusal,
         metadata={
             "bundle_id": artifact.id,
-            "source_bundle_id": metrics.get("source_bundle_id", ""),
-            "weights_method": metrics.get("weights_method", ""),
-            "fp32_bits_per_byte": quality.get("fp32_bits_per_byte", float("nan")),
-            "int8_bits_per_byte": quality.get("int8_bits_per_byte", float("nan")),
-            "worse_by": quality.get("worse_by", float("nan")),
+            "source_bundle_id": quality["source_bundle_id"],
+            "weights_method": loaded.serving.get("weights_method", ""),
+            "fp32_bits_per_byte": quality["fp32_bits_per_byte"],
+            "int8_bits_per_byte": quality["int8_bits_per_byte"],
+            "worse_by": quality["worse_by"],
             "margin": margin,
             "goldens_identical": agreement.get("identical", 0),
             "golden_prompts": agreement.get("prompts", 0),

@@ -115,6 +115,7 @@ def test_lock_refuses_to_give_a_version_another_source(tmp_path: Path, monkeypat
         "model_checkpoint",
         "benchmark_report",
         "serving_bundle",
+        "serving_bundle_int8",
         "production_deployment",
     }
     assert lock_copy.read_bytes() == before  # nothing recorded

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from aieng_core.model.int8_weights import (
     quantized_copy,
 )
 from aieng_core.model.llama import LlamaConfig, LlamaForCausalLM
-from aieng_core.store import Artifact
+from aieng_core.store import Artifact, ArtifactIntegrityError
 
 CONFIG = LlamaConfig(
     vocab_size=97,
@@ -108,7 +109,7 @@ def test_an_int8_weight_without_its_scale_is_refused(model: LlamaForCausalLM, tm
     del tensors["model.layers.0.mlp.down_proj.weight" + SCALE_SUFFIX]
     save_file(tensors, tmp_path / MODEL_FILE, metadata={WEIGHTS_METADATA_KEY: "int8"})
     files = {name: sha256_file(tmp_path / name) for name in (MODEL_FILE, "config.json")}
-    with pytest.raises(ValueError, match=r"down_proj.weight is torch.int8 without its .*_scale"):
+    with pytest.raises(ArtifactIntegrityError, match=r"model.safetensors: int8 weights: .*down_proj.weight has no "):
         load_model(Artifact(kind="x", id="x", path=tmp_path, manifest={"files": files}))
 
 
@@ -125,7 +126,15 @@ def test_an_unknown_weights_kind_is_refused(model: LlamaForCausalLM, tmp_path: P
         (lambda t: t.update({"model.norm.weight_scale": torch.ones(1)}), r"model.norm.weight_scale scales no int8"),
         (
             lambda t: t.update({"lm_head.weight_scale": torch.ones(3)}),
-            r"lm_head.weight_scale has shape \(3,\), not one scale per row of lm_head.weight \(97, 32\)",
+            r"lm_head.weight_scale is torch.float32 of shape \(3,\), not one float32 scale per row of lm_head",
+        ),
+        (
+            lambda t: t["model.layers.1.self_attn.o_proj.weight_scale"].__setitem__(0, float("nan")),
+            r"o_proj.weight_scale holds a scale that is not finite and above 0",
+        ),
+        (
+            lambda t: t.update({"model.layers.0.mlp.up_proj.weight": torch.zeros(86, 32)}),
+            r"up_proj.weight is a 2-d torch.float32 tensor, not 2-d int8",
         ),
     ],
 )
@@ -135,5 +144,24 @@ def test_scales_that_fit_no_weight_are_refused(model: LlamaForCausalLM, tmp_path
     change(tensors)
     save_file(tensors, tmp_path / MODEL_FILE, metadata={WEIGHTS_METADATA_KEY: "int8"})
     files = {name: sha256_file(tmp_path / name) for name in (MODEL_FILE, "config.json")}
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ArtifactIntegrityError, match=message):
         load_model(Artifact(kind="x", id="x", path=tmp_path, manifest={"files": files}))
+
+
+def test_an_untied_model_round_trips_too(tmp_path: Path) -> None:
+    torch.manual_seed(4)
+    untied = LlamaForCausalLM(replace(CONFIG, tie_word_embeddings=False)).eval()
+    loaded = load_model(saved(untied, tmp_path, int8=True))
+    ids = torch.randint(0, CONFIG.vocab_size, (2, 20), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids)[0], quantized_copy(untied)(ids)[0])
+    tensors = load_file(tmp_path / MODEL_FILE)
+    assert tensors["lm_head.weight"].dtype == torch.int8
+    # Its own lm_head, quantized from the untied matrix (not from the embeddings).
+    values, _ = quantize_rows(untied.lm_head.weight)
+    assert torch.equal(tensors["lm_head.weight"], values)
+
+
+def test_an_int8_model_is_not_quantized_again(model: LlamaForCausalLM) -> None:
+    with pytest.raises(ValueError, match="an int8 variant's already"):
+        quantized_copy(quantized_copy(model))

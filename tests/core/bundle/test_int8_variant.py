@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from aieng_core.benchmark.benchmark_report import BUNDLE_KEYS, build_benchmark_report, read_report, report_config_sha256
-from aieng_core.bundle import int8_variant
 from aieng_core.bundle.int8_variant import golden_agreement, int8_refusal, is_variant
 from aieng_core.bundle.serving_bundle import GOLDEN_FILE, SERVING_FILE, build_serving_bundle
 from aieng_core.bundle.verify import load_bundle, verify_bundle
@@ -22,7 +21,8 @@ from aieng_core.gate.report import GateFailed
 from aieng_core.hashing import sha256_json
 from aieng_core.model import int8_weights
 from aieng_core.model.int8_weights import METHOD
-from aieng_core.store import Artifact, ArtifactStore
+from aieng_core.store import Artifact, ArtifactIntegrityError, ArtifactStore
+from aieng_core.store.artifacts import MANIFEST
 from tests.bundle_fixtures import TrainedHome
 
 
@@ -165,21 +165,28 @@ def test_building_again_reuses_and_a_rebuild_gives_the_same_bytes(variant: Varia
 
 
 def test_int8_refusal_is_beyond_the_margin_only() -> None:
-    metrics = {
-        "source_bundle_id": "f" * 16,
-        "int8_quality": {"fp32_bits_per_byte": 2.0, "int8_bits_per_byte": 2.03, "worse_by": 0.015},
-    }
-    assert int8_refusal(metrics, 0.02) is None
-    assert int8_refusal(metrics, 0.015) is None
-    reason = int8_refusal(metrics, 0.01)
+    quality = {"source_bundle_id": "f" * 16, "fp32_bits_per_byte": 2.0, "int8_bits_per_byte": 2.03, "worse_by": 0.015}
+    assert int8_refusal(quality, 0.02) is None
+    assert int8_refusal(quality, 0.015) is None
+    reason = int8_refusal(quality, 0.01)
     assert reason == (
         "the int8 variant's 2.0300 bits per byte on the held-out text is 1.50% above its float32 source's 2.0000 "
         f"({'f' * 16}); gate.int8_max_quality_regression allows 1.00%"
     )
-    assert "records no int8_quality" in str(int8_refusal({}, 0.01))
+    # A figure that cannot be compared is refused, never waved through (NaN > margin is False).
+    for worse in (float("nan"), float("inf"), None):
+        assert "cannot be judged" in str(int8_refusal({**quality, "worse_by": worse}, 0.01))
+    assert "cannot be judged" in str(int8_refusal({}, 0.01))
 
 
-def test_a_damaging_quantization_is_refused_by_the_gate(
+def rewrite_manifest(path: Path, change) -> None:
+    """Change a bundle's manifest.json in place (its metrics are outside every file hash)."""
+    manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    change(manifest)
+    (path / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+
+
+def test_a_damaging_quantization_is_refused_by_the_gate_whatever_its_manifest_says(
     trained_home: TrainedHome, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     honest = int8_weights.quantize_rows
@@ -190,15 +197,59 @@ def test_a_damaging_quantization_is_refused_by_the_gate(
 
     monkeypatch.setattr(int8_weights, "quantize_rows", damaging)
     damaged = build_variant(trained_home, tmp_path / "home")
-    quality = damaged.bundle.metrics["int8_quality"]
-    assert quality["worse_by"] > damaged.config.gate.int8_max_quality_regression
+    monkeypatch.undo()
+    recorded = damaged.bundle.metrics["int8_quality"]
+    margin = damaged.config.gate.int8_max_quality_regression
+    assert recorded["worse_by"] > margin
     assert verify_bundle(damaged.bundle.path)["ok"]  # intact: its goldens are its own
+    # The recorded figures are a record: the gate scores both bundles again, so figures edited
+    # in the manifest (outside every file hash) change nothing.
+    rewrite_manifest(damaged.bundle.path, lambda m: m["metrics"]["int8_quality"].update(worse_by=0.0))
     with pytest.raises(GateFailed) as refused:
         quality_step(damaged.bundle.path, damaged.store, None, damaged.config)
     assert (refused.value.step, refused.value.figure) == ("quality", "int8_bits_per_byte")
-    assert refused.value.reason == int8_refusal(damaged.bundle.metrics, damaged.config.gate.int8_max_quality_regression)
-    assert refused.value.figures["int8"]["source_bundle_id"] == damaged.source.id
-    assert int8_variant.is_variant(damaged.bundle)
+    measured = refused.value.figures["int8"]
+    assert measured["worse_by"] == recorded["worse_by"]
+    assert measured["source_bundle_id"] == damaged.source.id
+    assert refused.value.reason == int8_refusal(measured, margin)
+
+
+def test_the_gate_refuses_a_variant_whose_source_is_not_the_one_it_names(variant: Variant, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    shutil.copytree(variant.store.home, home)
+    store = ArtifactStore(home)
+    path = store.get("serving_bundle", variant.bundle.id).path
+    rewrite_manifest(path, lambda m: m["metrics"].update(source_bundle_id="0" * 16))
+    with pytest.raises(ArtifactIntegrityError, match="names one float32 serving_bundle as its input"):
+        quality_step(path, store, None, variant.config)
+
+
+def test_serving_json_and_the_weights_file_must_agree(variant: Variant, tmp_path: Path) -> None:
+    from aieng_core.bundle.serving_bundle import BUNDLE_FILES, bundle_content_sha256
+    from aieng_core.bundle.verify import BundleVerificationError
+    from aieng_core.hashing import sha256_file
+
+    path = tmp_path / "bundle"
+    shutil.copytree(variant.bundle.path, path)
+    serving = json.loads((path / SERVING_FILE).read_text(encoding="utf-8"))
+    (path / SERVING_FILE).write_text(json.dumps({**serving, "weights": "fp32"}), encoding="utf-8")
+
+    def rehash(manifest: dict) -> None:  # a consistent manifest: only the two files disagree
+        manifest["files"][SERVING_FILE] = sha256_file(path / SERVING_FILE)
+        manifest["content_sha256"] = bundle_content_sha256({n: manifest["files"][n] for n in BUNDLE_FILES})
+
+    rewrite_manifest(path, rehash)
+    with pytest.raises(BundleVerificationError, match="weights 'fp32', but model.safetensors holds 'int8'"):
+        load_bundle(path, check_goldens=False)
+
+
+def test_a_variant_is_not_made_from_a_variant(variant: Variant, tmp_path: Path) -> None:
+    from aieng_core.bundle.int8_variant import produce_variant_files
+
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    with pytest.raises(ValueError, match="is an int8 variant itself"):
+        produce_variant_files(staging, variant.store, variant.bundle, 1)
 
 
 def test_the_cli_says_what_the_variant_is(variant: Variant) -> None:

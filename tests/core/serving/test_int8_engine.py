@@ -38,16 +38,37 @@ def test_greedy_matches_the_int8_models_own_loop(int8, tiny_tokenizer, batch) ->
     assert [list(output.token_ids) for output in outputs] == expected
 
 
-def test_a_requests_tokens_do_not_depend_on_what_shares_its_batch(int8, tiny_tokenizer) -> None:
-    engine = Engine(int8, tiny_tokenizer, LIMITS, int8.config.eos_token_id)
-    alone_prompt = prompts(int8.config.vocab_size, 1, 99)[0]
+def alone_and_batched(model, tokenizer) -> list[tuple[list[int], list[int]]]:
+    """(tokens alone, tokens among 7 other requests) of one prompt, greedy and then seeded."""
+    engine = Engine(model, tokenizer, LIMITS, model.config.eos_token_id)
+    prompt = prompts(model.config.vocab_size, 1, 99)[0]
     greedy = SamplingParams(max_new_tokens=12, ignore_eos=True)
     sampled = SamplingParams(max_new_tokens=12, ignore_eos=True, temperature=0.9, top_p=0.9, seed=7)
+    pairs = []
     for params in (greedy, sampled):
-        [alone] = engine.generate([alone_prompt], params)
-        others = prompts(int8.config.vocab_size, 7, 3)
-        together = engine.generate([*others, alone_prompt], [*[greedy] * 7, params])
-        assert list(together[-1].token_ids) == list(alone.token_ids)
+        [alone] = engine.generate([prompt], params)
+        others = prompts(model.config.vocab_size, 7, 3)
+        together = engine.generate([*others, prompt], [*[greedy] * 7, params])
+        pairs.append((list(alone.token_ids), list(together[-1].token_ids)))
+    return pairs
+
+
+def test_a_requests_tokens_do_not_depend_on_what_shares_its_batch(int8, tiny_tokenizer) -> None:
+    for alone, batched in alone_and_batched(int8, tiny_tokenizer):
+        assert batched == alone
+
+
+def test_the_dropped_dynamic_int8_method_fails_that_check(tiny_model, tiny_tokenizer) -> None:
+    """torch's dynamic int8 Linear scales the activations per batch: the same prompt gets other
+    tokens among other requests, which is why the variant is weight-only."""
+    import copy
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dynamic = torch.ao.quantization.quantize_dynamic(copy.deepcopy(tiny_model), {torch.nn.Linear}, torch.qint8)
+        pairs = alone_and_batched(dynamic, tiny_tokenizer)
+    assert any(alone != batched for alone, batched in pairs)
 
 
 def test_its_decode_steps_are_captured_like_float32s(int8, tiny_tokenizer, tmp_path) -> None:
