@@ -201,10 +201,9 @@ def int8_side(
     if not measures_int8(config) or not budget.allows("int8 variant"):
         return None
     from aieng_core.benchmark.quality import validation_quality
-    from aieng_core.bundle.int8_variant import golden_agreement
     from aieng_core.model.int8_weights import METHOD, quantized_copy
     from aieng_core.serving.engine import Engine, EngineLimits
-    from aieng_core.serving.greedy import greedy_continuations
+    from aieng_core.serving.greedy import golden_agreement, greedy_continuations
 
     quantized = quantized_copy(model)
     quality = validation_quality(quantized, dataset, config.training, model_artifact.metrics)

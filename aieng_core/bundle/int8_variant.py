@@ -10,7 +10,7 @@ engine (replayed by `aieng bundle verify` like any bundle's). Its manifest's met
 - golden_agreement: the int8 greedy continuations of the golden prompts against the float32
   bundle's, prompt by prompt (identical, tokens agreeing before the first divergence);
 - int8_quality: bits per byte of both models on the held-out text of the model's dataset
-  (the gate's measure, gate/quality.py), and how much worse the int8 one is.
+  (the gate's measure, training/held_out_text.py), and how much worse the int8 one is.
 Whether that is acceptable is decided where the margin lives (gate.int8_max_quality_regression):
 `int8_refusal`, which the bundle's blocking check and the gate both call.
 """
@@ -29,7 +29,7 @@ from aieng_core.hashing import sha256_file
 from aieng_core.store import Artifact, ArtifactIntegrityError, ArtifactSpec, ArtifactStore, Produced, RunInfo
 from aieng_core.store.artifacts import MANIFEST
 
-KIND = asset_keys.SERVING_BUNDLE
+BUNDLE = asset_keys.SERVING_BUNDLE  # the kind it builds (serving_bundle.py is the kind's builder)
 # This builder's own version, locked to its source (and model/int8_weights.py's) by
 # code_versions.py like every stage's, and recorded in the variant's recipe; the spec's
 # code_version is the kind's (serving_bundle.CODE_VERSION, which `aieng store rebuild` checks).
@@ -55,11 +55,11 @@ def variant_spec(config: AiengConfig, source: Artifact, threads: int) -> Artifac
     from aieng_core.model.int8_weights import METHOD
 
     return ArtifactSpec(
-        kind=KIND,
+        kind=BUNDLE,
         code_version=serving_bundle.CODE_VERSION,
         config_sha256=serving_bundle.bundle_config_sha256(config),
         config_sections=serving_bundle.bundle_sections(config),
-        inputs=((KIND, source.id),),
+        inputs=((BUNDLE, source.id),),
         recipe={
             "weights": WEIGHTS,
             "variant_code_version": CODE_VERSION,
@@ -85,7 +85,7 @@ def build_int8_variant(
         agreement = produced.metrics["golden_agreement"]
         quality = produced.metrics["int8_quality"]
         logger.info(
-            f"{KIND}: int8 variant of {source.id}: {agreement['identical']}/{agreement['prompts']} goldens identical "
+            f"{BUNDLE}: int8 variant of {source.id}: {agreement['identical']}/{agreement['prompts']} goldens identical "
             f"to float32, {quality['int8_bits_per_byte']:.4f} vs {quality['fp32_bits_per_byte']:.4f} bits per byte "
             f"({quality['worse_by']:+.2%})"
         )
@@ -108,21 +108,21 @@ def produce_variant_files(staging: Path, store: ArtifactStore, source: Artifact,
     from aieng_core.model.hf_files import MODEL_FILE, load_model, save_int8_weights
     from aieng_core.model.int8_weights import METHOD
     from aieng_core.serving.device import torch_threads
-    from aieng_core.serving.greedy import greedy_continuations
+    from aieng_core.serving.greedy import golden_agreement, greedy_continuations
     from aieng_core.tokenizer.bpe import TOKENIZER_FILES
 
     with torch_threads(threads):
         # The float32 bundle, re-hashed and its goldens replayed: what is quantized is what it names.
         fp32 = load_bundle(source.path, GOLDEN_DEVICE)
         if serves_int8(fp32):
-            raise ValueError(f"{KIND} {source.id} is an int8 variant itself: a variant is made from a float32 bundle")
+            raise ValueError(f"{BUNDLE} {source.id} is an int8 variant itself: a variant is made from a float32 bundle")
         copy_listed(source, (*COPIED_FILES, *TOKENIZER_FILES), staging)
         save_int8_weights(fp32.model, staging)
         settings = {**fp32.serving, "weights": WEIGHTS, "weights_method": METHOD}
         write_json(staging / SERVING_FILE, settings)
         # Goldens and figures come from the int8 bytes just written, loaded as a server loads them.
         staged = Artifact(
-            kind=KIND,
+            kind=BUNDLE,
             id="staging",
             path=staging,
             manifest={"files": {name: sha256_file(staging / name) for name in (MODEL_FILE, "config.json")}},
@@ -174,32 +174,9 @@ def copy_listed(source: Artifact, names: tuple[str, ...], staging: Path) -> None
             )
 
 
-def golden_agreement(fp32: list[dict[str, Any]], int8: list[dict[str, Any]]) -> dict[str, Any]:
-    """Greedy agreement of the int8 goldens with the float32 ones, prompt by prompt: identical
-    continuations, and tokens equal before the first divergence (after it, the two condition
-    on different text, so later tokens say nothing more)."""
-    per_prompt = []
-    for expected, got in zip(fp32, int8, strict=True):
-        a, b = list(expected["token_ids"]), list(got["token_ids"])
-        agreeing = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        per_prompt.append(
-            {"prompt": expected["prompt"], "identical": a == b, "tokens_agreeing": agreeing, "tokens": len(a)}
-        )
-    tokens = sum(p["tokens"] for p in per_prompt)
-    agreeing = sum(p["tokens_agreeing"] for p in per_prompt)
-    return {
-        "prompts": len(per_prompt),
-        "identical": sum(1 for p in per_prompt if p["identical"]),
-        "tokens": tokens,
-        "tokens_agreeing": agreeing,
-        "token_agreement": agreeing / tokens if tokens else 1.0,
-        "per_prompt": per_prompt,
-    }
-
-
 def int8_quality(store: ArtifactStore, fp32: Any, int8: Any) -> dict[str, Any]:
     """Bits per byte of both loaded bundles on the held-out text of their model's dataset."""
-    from aieng_core.gate.quality import dataset_of, held_out_text, model_bits, verified_dataset
+    from aieng_core.training.held_out_text import dataset_of, held_out_text, model_bits, verified_dataset
 
     text = held_out_text(verified_dataset(store, dataset_of(fp32)), fp32, "held_out_validation")
     fp32_bpb = model_bits(fp32, text.documents)[0] / text.bytes
@@ -220,14 +197,14 @@ def measured_int8_quality(store: ArtifactStore, variant: Any) -> dict[str, Any]:
     from aieng_core.bundle.golden import GOLDEN_DEVICE
     from aieng_core.bundle.verify import load_bundle
 
-    sources = [item.get("id") for item in variant.manifest.get("inputs", []) if item.get("kind") == KIND]
+    sources = [item.get("id") for item in variant.manifest.get("inputs", []) if item.get("kind") == BUNDLE]
     named = variant.manifest.get("metrics", {}).get("source_bundle_id")
     if len(sources) != 1 or sources[0] != named:
         raise ArtifactIntegrityError(
-            f"{variant.path / MANIFEST}: an int8 variant names one float32 {KIND} as its input and as "
+            f"{variant.path / MANIFEST}: an int8 variant names one float32 {BUNDLE} as its input and as "
             f"source_bundle_id; this one names {sources} and {named}"
         )
-    fp32 = load_bundle(store.get(KIND, str(sources[0])).path, GOLDEN_DEVICE, check_goldens=False)
+    fp32 = load_bundle(store.get(BUNDLE, str(sources[0])).path, GOLDEN_DEVICE, check_goldens=False)
     if serves_int8(fp32):
         raise ArtifactIntegrityError(f"{fp32.path}: the source of int8 variant {variant.bundle_id} is not float32")
     return {"source_bundle_id": fp32.bundle_id, **int8_quality(store, fp32, variant)}

@@ -25,3 +25,26 @@ def greedy_continuations(engine: Engine, prompts: Sequence[str], max_new_tokens:
         }
         for prompt, output in zip(prompts, outputs)
     ]
+
+
+def golden_agreement(fp32: list[dict[str, Any]], int8: list[dict[str, Any]]) -> dict[str, Any]:
+    """Greedy agreement of the int8 goldens with the float32 ones, prompt by prompt: identical
+    continuations, and tokens equal before the first divergence (after it, the two condition
+    on different text, so later tokens say nothing more)."""
+    per_prompt = []
+    for expected, got in zip(fp32, int8, strict=True):
+        a, b = list(expected["token_ids"]), list(got["token_ids"])
+        agreeing = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        per_prompt.append(
+            {"prompt": expected["prompt"], "identical": a == b, "tokens_agreeing": agreeing, "tokens": len(a)}
+        )
+    tokens = sum(p["tokens"] for p in per_prompt)
+    agreeing = sum(p["tokens_agreeing"] for p in per_prompt)
+    return {
+        "prompts": len(per_prompt),
+        "identical": sum(1 for p in per_prompt if p["identical"]),
+        "tokens": tokens,
+        "tokens_agreeing": agreeing,
+        "token_agreement": agreeing / tokens if tokens else 1.0,
+        "per_prompt": per_prompt,
+    }

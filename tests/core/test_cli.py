@@ -215,6 +215,8 @@ def test_bundle_build_reuses_and_current_prints_the_commands(
         "id": bundle.id,
         "path": built["path"],
         "model_checkpoint_id": serving_bundle_artifact.model.id,
+        "weights": "fp32",
+        "source_bundle_id": None,
         "lineage": bundle.manifest["lineage"],
         "production_bundle_id": None,
         "serve_command": f"{executable} serve --bundle {built['path']}",

@@ -12,17 +12,19 @@ from pathlib import Path
 import pytest
 
 from aieng_core.benchmark.benchmark_report import BUNDLE_KEYS, build_benchmark_report, read_report, report_config_sha256
-from aieng_core.bundle.int8_variant import golden_agreement, int8_refusal, is_variant
+from aieng_core.bundle.int8_variant import int8_refusal, is_variant
 from aieng_core.bundle.serving_bundle import GOLDEN_FILE, SERVING_FILE, build_serving_bundle
 from aieng_core.bundle.verify import load_bundle, verify_bundle
 from aieng_core.config import AiengConfig
-from aieng_core.gate.quality import dataset_of, held_out_text, model_bits, quality_step, verified_dataset
+from aieng_core.gate.quality import quality_step
 from aieng_core.gate.report import GateFailed
 from aieng_core.hashing import sha256_json
 from aieng_core.model import int8_weights
 from aieng_core.model.int8_weights import METHOD
+from aieng_core.serving.greedy import golden_agreement
 from aieng_core.store import Artifact, ArtifactIntegrityError, ArtifactStore
 from aieng_core.store.artifacts import MANIFEST
+from aieng_core.training.held_out_text import dataset_of, held_out_text, model_bits, verified_dataset
 from tests.bundle_fixtures import TrainedHome
 
 
