@@ -8,8 +8,10 @@ step; each step's wall time is split into
 - sampling: aieng_core.serving.sampling.sample as the runner calls it;
 - the rest: scheduling, detokenizing, bookkeeping -- the engine's Python around the model.
 Only decode-only steps (no prefill in the step) enter these figures (means, so the parts
-add up to the step), so they describe the steady state. Decode rows attend over the longest
-sequence in the batch: the padded share of that attention is reported too.
+add up to the step), so they describe the steady state. Decode rows attend in groups, each
+up to its own longest row (model/decode_attention.py): the padded share of the attended
+positions is reported as run, and as one attention over every row up to the longest would have
+had it (the engine before the groups).
 
 Two more views of the same decode steps: the model's linear layers run alone (F.linear with
 the model's own weights in model order on a batch of rows, nothing else), the matmul time a
@@ -87,13 +89,15 @@ def _run(engine: Any, bucket: dict[str, float], until_decode: bool = False) -> l
         wall = time.perf_counter() - started
         step = engine.last_step
         chunks = step.prefill_chunks if step else ()
+        attended, cells = engine.runner.last_attention if lengths else (0, 0)
         records.append(
             {
                 "wall": wall,
                 **bucket,
                 "decode_rows": rows,
-                "attended": sum(lengths),
-                "attention_cells": rows * max(lengths, default=0),
+                "attended": attended,
+                "attention_cells": cells,  # as the step ran: each group up to its longest row
+                "attention_cells_one_group": rows * max(lengths, default=0),
                 "prefill_tokens": step.prefill_tokens if step else 0,
                 # What the same prefill computed when prompts were right-padded to the longest.
                 "prefill_cells_right_padded": len(chunks) * max(chunks, default=0),
@@ -121,6 +125,8 @@ def _split(records: list[dict[str, Any]]) -> dict[str, Any]:
     forward = statistics.fmean(r["decode"] for r in decode_only)
     sampling = statistics.fmean(r["sampling"] for r in decode_only)
     cells = sum(r["attention_cells"] for r in decode_only)
+    one_group = sum(r["attention_cells_one_group"] for r in decode_only)
+    attended = sum(r["attended"] for r in decode_only)
     return {
         "decode_steps": len(decode_only),
         "step_ms": wall * 1000,
@@ -130,7 +136,8 @@ def _split(records: list[dict[str, Any]]) -> dict[str, Any]:
         "forward_share": forward / wall,
         "sampling_share": sampling / wall,
         "scheduler_and_python_share": (wall - forward - sampling) / wall,
-        "attention_padding_share": 1 - sum(r["attended"] for r in decode_only) / cells if cells else 0.0,
+        "attention_padding_share": 1 - attended / cells if cells else 0.0,
+        "attention_padding_share_one_group": 1 - attended / one_group if one_group else 0.0,
         "prefill_steps": len(records) - len(decode_only),
         "prefill_ms_total": sum(r["prefill"] for r in records) * 1000,
         # Packed prefill computes only the prompts' tokens; right-padding them computed this share more.

@@ -193,7 +193,9 @@ def _bounds(figures: dict[str, Any], goals: dict[str, Any], profile: dict[str, A
             f"{p['forward_ms'] - p['linear_layers_alone_ms']:.2f} ms beyond its matmuls; under torch.profiler a step "
             f"makes {operators['aten_calls_per_step']:.0f} operator calls, {operators['aten_share_of_wall']:.0%} of "
             f"the wall inside them (heaviest per step: {heaviest}); attention over padding "
-            f"{p['attention_padding_share']:.0%} of attended positions; prefill of the batch's {size} prompt(s) took "
+            f"{p['attention_padding_share']:.0%} of attended positions (one attention over every row up to the "
+            f"longest: {p.get('attention_padding_share_one_group', 0.0):.0%}); "
+            f"prefill of the batch's {size} prompt(s) took "
             f"{p['prefill_ms_total']:.0f} ms next to {p['decode_steps']} decode steps of {p['step_ms']:.2f} ms"
         )
 

@@ -8,7 +8,8 @@ the same network over a preallocated key/value cache (aieng_core/serving/kv_cach
 `forward_cached` is a prefill, writing each prompt's keys and values into its sequence's slot;
 `decode_step` runs every running sequence's next token, each at its own position, in one
 batched forward. A decode step is a few hundred small ops, so its path is the lean one: one
-fused norm per norm, rotary on queries and keys together, attention as two batched matmuls.
+fused norm per norm, rotary on queries and keys together, attention as two batched matmuls
+per group of rows (decode_attention.py: each group attends up to its own longest row).
 
 Parameter and config names are those of transformers' LlamaForCausalLM, except that q/k/v
 and gate/up are each one matrix here (fewer, larger matmuls: faster training on CPU).
@@ -19,6 +20,7 @@ in transformers unchanged, and theirs load here.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import NamedTuple, cast
 
@@ -26,6 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from aieng_core.model.decode_attention import decode_attention, group_lengths, group_sizes
 from aieng_core.model.shape import head_shape_problem
 
 
@@ -131,25 +134,6 @@ def apply_rotary_signed(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Te
     return torch.addcmul(x * cos, swapped, sin_signed)
 
 
-def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """One query per row against its cached keys, as two batched matmuls.
-
-    q: (batch, heads, head_dim); keys, values: (batch, kv_heads, length, head_dim) views of the
-    cache; bias: (batch * kv_heads, heads // kv_heads, length), 0 where a row sees a position and
-    -inf where it does not. Query heads are grouped under the key/value head they share (as
-    transformers' repeat_kv pairs them), so no key is copied per query head. For a single
-    query this beats scaled_dot_product_attention, whose CPU kernel is built for many.
-    Returns (batch, heads * head_dim).
-    """
-    batch, heads, head_dim = q.shape
-    kv_heads, length = keys.shape[1], keys.shape[2]
-    grouped = q.reshape(batch * kv_heads, heads // kv_heads, head_dim)
-    keys = keys.reshape(batch * kv_heads, length, head_dim)
-    values = values.reshape(batch * kv_heads, length, head_dim)
-    scores = torch.baddbmm(bias, grouped, keys.transpose(1, 2), alpha=head_dim**-0.5)
-    return torch.bmm(torch.softmax(scores, dim=-1), values).view(batch, heads * head_dim)
-
-
 class PrefillSegment(NamedTuple):
     """One prompt chunk of a packed prefill: tokens start..start+length-1 of the packed
     sequence are positions offset..offset+length-1 of cache slot `slot`."""
@@ -183,14 +167,16 @@ class DecodeBatch(NamedTuple):
 
     rows: (batch,) 0..batch-1. positions: (batch,) where each row's token goes.
     cos, sin_signed: (batch, 1, head_dim) rotary factors at those positions (see
-    apply_rotary_signed). bias: the attention bias of decode_attention; length is its last dim.
+    apply_rotary_signed). biases: one per attention group of consecutive rows
+    (decode_attention.py), decode_attention's bias for the group: the group's rows are its first
+    dim over kv_heads, its attended length its last.
     """
 
     rows: torch.Tensor
     positions: torch.Tensor
     cos: torch.Tensor
     sin_signed: torch.Tensor
-    bias: torch.Tensor
+    biases: tuple[torch.Tensor, ...]
 
 
 class Attention(nn.Module):
@@ -252,8 +238,14 @@ class Attention(nn.Module):
         q, k = apply_rotary_signed(qk, step.cos, step.sin_signed).split([self.n_heads, self.n_kv_heads], dim=1)
         keys[step.rows, :, step.positions] = k
         values[step.rows, :, step.positions] = v
-        length = step.bias.shape[-1]
-        return self.o_proj(decode_attention(q, keys[:batch, :, :length], values[:batch, :, :length], step.bias))
+        groups, start = [], 0
+        for bias in step.biases:  # each group of rows attends up to its own length
+            rows, length = bias.shape[0] // self.n_kv_heads, bias.shape[-1]
+            end = start + rows
+            cached = keys[start:end, :, :length], values[start:end, :, :length]
+            groups.append(decode_attention(q[start:end], *cached, bias))
+            start = end
+        return self.o_proj(groups[0] if len(groups) == 1 else torch.cat(groups))
 
 
 class MLP(nn.Module):
@@ -425,18 +417,31 @@ class LlamaForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        lengths: torch.Tensor,
+        lengths: Sequence[int],
         cache_keys: list[torch.Tensor],
         cache_values: list[torch.Tensor],
+        sizes: Sequence[int] | None = None,
     ) -> torch.Tensor:
         """One token for each of the cache's slots 0..batch-1: next-token logits (batch, vocab).
 
         input_ids, positions: (batch,), each row's token and where its key and value go.
-        lengths: (batch,), how many cached positions (from 0) each row attends to, its own
-        included.
+        lengths: how many cached positions (from 0) each row attends to, its own included.
+        sizes: the attention groups' row counts (decode_attention.group_sizes by default).
         """
-        bias = self.decode_bias(lengths, int(lengths.max()))
-        return self.decode_forward(input_ids, positions, bias, cache_keys, cache_values)
+        sizes = group_sizes(len(lengths)) if sizes is None else sizes
+        biases = self.decode_biases(lengths, sizes)
+        return self.decode_forward(input_ids, positions, biases, cache_keys, cache_values)
+
+    def decode_biases(self, lengths: Sequence[int], sizes: Sequence[int], minimum: int = 1) -> list[torch.Tensor]:
+        """decode_attention's bias of each attention group: the group's rows attend `lengths`
+        positions each, over the group's longest length (at least `minimum`)."""
+        device = self.model.embed_tokens.weight.device
+        biases, start = [], 0
+        for size, length in zip(sizes, group_lengths(lengths, sizes, minimum), strict=True):
+            rows = torch.tensor(lengths[start : start + size], device=device)
+            biases.append(self.decode_bias(rows, length))
+            start += size
+        return biases
 
     def decode_bias(self, lengths: torch.Tensor, length: int) -> torch.Tensor:
         """decode_attention's bias for rows attending `lengths` positions each, over the first
@@ -453,13 +458,13 @@ class LlamaForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        bias: torch.Tensor,
+        biases: Sequence[torch.Tensor],
         cache_keys: list[torch.Tensor],
         cache_values: list[torch.Tensor],
     ) -> torch.Tensor:
-        """decode_step's forward, given its bias (decode_bias): tensors in, logits out, no
-        value read back to Python, so serving/step_graphs.py can compile it for one batch size
-        with the attended length left dynamic."""
+        """decode_step's forward, given its attention groups' biases (decode_biases): tensors
+        in, logits out, no value read back to Python, so serving/step_graphs.py can compile it
+        for one batch size with each group's attended length left dynamic."""
         x = self.model.embed_tokens(input_ids)
         cos_table, _, sin_signed_table = self._rotary_table(x)
         step = DecodeBatch(
@@ -467,7 +472,7 @@ class LlamaForCausalLM(nn.Module):
             positions=positions,
             cos=cos_table[positions].unsqueeze(1),
             sin_signed=sin_signed_table[positions].unsqueeze(1),
-            bias=bias,
+            biases=tuple(biases),
         )
         for layer, keys, values in zip(self.model.layers, cache_keys, cache_values, strict=True):
             x = cast(DecoderLayer, layer).decode(x, keys, values, step)

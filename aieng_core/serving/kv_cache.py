@@ -93,3 +93,21 @@ class KVCachePool:
     def highest_used(self) -> int:
         """Index of the highest allocated slot, -1 when none is."""
         return max((slot for slot, owner in enumerate(self._owners) if owner is not None), default=-1)
+
+    def move(self, sources: list[int], destinations: list[int], length: int) -> None:
+        """Re-seats the owners of `sources` in `destinations` (the same set of allocated
+        slots, in another order), with the first `length` cached positions of every layer's
+        keys and values. slot_order.py decides; the owners' requests must take their new slots."""
+        if sorted(sources) != sorted(destinations) or len(set(sources)) != len(sources):
+            raise ValueError(f"a move must permute its slots: {sources} -> {destinations}")
+        if any(self._owners[slot] is None for slot in sources):
+            raise RuntimeError(f"KV-cache slots {sources}: only allocated slots can move")
+        device = self.keys[0].device
+        src = torch.tensor(sources, device=device)
+        dst = torch.tensor(destinations, device=device)
+        for tensor in (*self.keys, *self.values):
+            cached = tensor[:, :, :length]
+            cached.index_copy_(0, dst, cached.index_select(0, src))  # the sources are copied out first
+        owners = [self._owners[slot] for slot in sources]
+        for slot, owner in zip(destinations, owners, strict=True):
+            self._owners[slot] = owner

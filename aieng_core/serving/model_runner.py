@@ -3,9 +3,11 @@
 A step is at most two batched forwards: one prefill of this step's prompt chunks packed into
 one sequence, with no padding (LlamaForCausalLM.prefill_packed: each chunk writes its keys and
 values into its own slot and attends to its own prompt only), and one decode over every
-running sequence (LlamaForCausalLM.decode_step). Decode rows are the pool's slots
+running sequence (LlamaForCausalLM.decode_forward). Decode rows are the pool's slots
 0..n-1, the range in use (the pool hands out the lowest free slot, so it stays packed): the
-cached keys are read as a view and each row attends to its own length. A slot in that range
+cached keys are read as a view, each row masked to its own length, and the rows attend in a
+few groups of consecutive slots, each up to its own longest row (model/decode_attention.py); the
+decoding requests are re-seated by length when that pays (slot_order.py). A slot in that range
 with no decoding sequence (free, or just prefilled this step) runs a dummy token that writes
 to the pool's scratch position, so it never touches a live sequence's keys. A decode whose
 rows fit a captured bucket (step_graphs.py) runs that bucket's compiled graph, the rows above
@@ -20,11 +22,13 @@ from collections.abc import Sequence
 
 import torch
 
+from aieng_core.model.decode_attention import attention_cells, group_lengths
 from aieng_core.model.llama import LlamaForCausalLM, PrefillSegment
 from aieng_core.serving.kv_cache import KVCachePool
 from aieng_core.serving.request import NO_TOKEN, Request, SampledTokens, StepPlan
 from aieng_core.serving.sampling import sample
-from aieng_core.serving.step_graphs import StepGraphs, StepGraphSettings
+from aieng_core.serving.slot_order import regroup, step_lengths
+from aieng_core.serving.step_graphs import MIN_LENGTH, StepGraphs, StepGraphSettings
 
 
 class ModelRunner:
@@ -44,6 +48,9 @@ class ModelRunner:
         # Empty until warmup captures them (Engine.warmup): every step runs eagerly until then.
         self.graphs = StepGraphs(self.model, pool, graphs, bundle_key)
         self.captured_steps = 0  # decode steps run in a captured graph, since start
+        self.moved_rows = 0  # decoding requests re-seated by length (slot_order.py), since start
+        # The last decode step's attended positions: the rows' own, and all, padding included.
+        self.last_attention = (0, 0)
 
     def run(self, plan: StepPlan) -> SampledTokens:
         started = time.perf_counter()
@@ -99,28 +106,31 @@ class ModelRunner:
         """One token for each request (its last, at position num_tokens - 1); logits (n, vocab)
         in the order of `requests`."""
         rows = max(_slot(r) for r in requests) + 1
-        length = max(r.num_tokens for r in requests)
         bucket = self.graphs.bucket_for(rows)
-        captured = self.graphs.runnable(bucket, length)
+        captured = bucket in self.graphs.graphs
         if captured:
             rows = bucket  # the rows above the step's own run idle
+        sizes = self.graphs.group_sizes(rows)
+        self.moved_rows += regroup(self.pool, requests, sizes)
+        lengths = step_lengths(requests, rows)
+        minimum = MIN_LENGTH if captured else 1
+        captured = captured and self.graphs.runnable(bucket, group_lengths(lengths, sizes, minimum))
+        self.last_attention = (sum(r.num_tokens for r in requests), attention_cells(lengths, sizes, minimum))
         # An idle row writes to the scratch position and sees position 0 only (finite zeros or
         # stale keys: its output is thrown away).
         ids = [self.pad_id] * rows
         positions = [self.pool.scratch_position] * rows
-        lengths = [1] * rows
         for request in requests:
             slot = _slot(request)
-            ids[slot], positions[slot], lengths[slot] = request.last_token, request.num_tokens - 1, request.num_tokens
+            ids[slot], positions[slot] = request.last_token, request.num_tokens - 1
         ids_t = torch.tensor(ids, device=self.device)
         positions_t = torch.tensor(positions, device=self.device)
-        lengths_t = torch.tensor(lengths, device=self.device)
+        biases = self.model.decode_biases(lengths, sizes, minimum)
         if captured:
-            bias = self.model.decode_bias(lengths_t, length)
-            logits = self.graphs.decode(bucket, ids_t, positions_t, bias)
+            logits = self.graphs.decode(bucket, ids_t, positions_t, biases)
             self.captured_steps += 1
         else:
-            logits = self.model.decode_step(ids_t, positions_t, lengths_t, self.pool.keys, self.pool.values)
+            logits = self.model.decode_forward(ids_t, positions_t, biases, self.pool.keys, self.pool.values)
         if len(requests) == rows and all(_slot(r) == row for row, r in enumerate(requests)):
             return logits
         return logits[torch.tensor([_slot(r) for r in requests], device=self.device)]

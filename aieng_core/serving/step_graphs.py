@@ -6,9 +6,12 @@ CUDA graphs). So, as vLLM and nano-vllm capture a CUDA graph per batch size, the
 compiles `LlamaForCausalLM.decode_forward` once per bucket of batch sizes (1, 2, 4, ...,
 max_batch) with torch.compile (inductor: fused C++ kernels on the CPU), and a step runs in the
 smallest bucket that holds its rows; the rows above it are idle rows (model_runner.py), so the
-graph's batch is static. The attended length is the one dimension left dynamic (2 to
-max_context): one graph serves every length without attending padding up to a length bucket,
-and never recompiles at serving time (a step outside what was captured runs eagerly).
+graph's batch is static, and so are its attention groups (model/decode_attention.py: a bucket's
+rows split the same way every step). Each group's attended length is the one dimension left
+dynamic (2 to max_context): one graph serves every length without attending padding up to a
+length bucket, and never recompiles at serving time (a step outside what was captured runs
+eagerly). At capture the groups attend different lengths, so that none is taken for another
+(dynamo gives equal sizes one symbol).
 
 Capture happens in `capture()`, during warmup, bucket by bucket from batch 1 up, until
 `serving.warmup_max_seconds` is spent; each bucket's capture time and its step time captured
@@ -38,6 +41,7 @@ from typing import Any
 
 import torch
 
+from aieng_core.model.decode_attention import MIN_GROUP_ROWS, group_sizes
 from aieng_core.model.llama import LlamaForCausalLM
 from aieng_core.serving.kv_cache import KVCachePool
 
@@ -104,6 +108,7 @@ class StepGraphs:
     figures: list[BucketFigures] = field(default_factory=list)
     reason: str | None = None  # why nothing is captured, when nothing is
     capture_seconds: float = 0.0
+    min_group_rows: int = MIN_GROUP_ROWS  # the attention groups' fewest rows (decode_attention.py)
 
     @property
     def buckets(self) -> list[int]:
@@ -112,13 +117,20 @@ class StepGraphs:
     def bucket_for(self, rows: int) -> int:
         return next(size for size in self.buckets if size >= rows)
 
-    def runnable(self, bucket: int, length: int) -> bool:
-        return bucket in self.graphs and MIN_LENGTH <= length <= self.pool.max_context
+    def group_sizes(self, rows: int) -> tuple[int, ...]:
+        """The attention groups of a decode step of `rows` rows, captured or not."""
+        return group_sizes(rows, self.min_group_rows)
 
-    def decode(self, bucket: int, ids: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    def runnable(self, bucket: int, lengths: list[int]) -> bool:
+        """Whether `bucket`'s graph runs groups attending `lengths` (one per group)."""
+        return bucket in self.graphs and all(MIN_LENGTH <= length <= self.pool.max_context for length in lengths)
+
+    def decode(
+        self, bucket: int, ids: torch.Tensor, positions: torch.Tensor, biases: list[torch.Tensor]
+    ) -> torch.Tensor:
         """The captured step of `bucket` (runnable) on inputs of exactly `bucket` rows. The graph
-        was compiled with the length dynamic (capture marks it): any length it holds matches."""
-        return self.graphs[bucket](ids, positions, bias, self.pool.keys, self.pool.values)
+        was compiled with each group's length dynamic (capture marks them): any length fits."""
+        return self.graphs[bucket](ids, positions, biases, self.pool.keys, self.pool.values)
 
     # ---- warmup ----------------------------------------------------------------------------
     def capture(self) -> dict[str, Any]:
@@ -152,11 +164,12 @@ class StepGraphs:
                     f"({self.settings.max_seconds:g})"
                 )
                 continue
-            ids, positions, bias = self._idle_inputs(size)
+            ids, positions, biases = self._idle_inputs(size)
             try:
                 began = time.perf_counter()
-                torch._dynamo.mark_dynamic(bias, 2, min=MIN_LENGTH, max=self.pool.max_context)
-                compiled(ids, positions, bias, self.pool.keys, self.pool.values)
+                for bias in biases:
+                    torch._dynamo.mark_dynamic(bias, 2, min=MIN_LENGTH, max=self.pool.max_context)
+                compiled(ids, positions, biases, self.pool.keys, self.pool.values)
                 figures.capture_seconds = time.perf_counter() - began
             except Exception as exc:  # an op that breaks the graph, a compiler that fails
                 figures.reason = f"not captured: {type(exc).__name__}: {first_line(exc)}"
@@ -168,18 +181,22 @@ class StepGraphs:
                 continue
             self.graphs[size] = compiled
             figures.captured = True
-            args = (ids, positions, bias, self.pool.keys, self.pool.values)
+            args = (ids, positions, biases, self.pool.keys, self.pool.values)
             figures.eager_step_ms = self._time(functools.partial(self.model.decode_forward, *args))
-            figures.captured_step_ms = self._time(functools.partial(self.decode, size, ids, positions, bias))
+            figures.captured_step_ms = self._time(functools.partial(self.decode, size, ids, positions, biases))
 
-    def _idle_inputs(self, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Inputs of `size` idle rows (the scratch position, attending MIN_LENGTH positions):
-        capturing and timing them never touches a live sequence's keys."""
+    def _idle_inputs(self, size: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """Inputs of `size` idle rows (the scratch position, each row seeing position 0 only):
+        capturing and timing them never touches a live sequence's keys. Group g attends
+        MIN_LENGTH + g positions: lengths that differ, so each stays its own dynamic size."""
         device = self.pool.keys[0].device
         ids = torch.full((size,), int(self.model.config.pad_token_id or 0), dtype=torch.long, device=device)
         positions = torch.full((size,), self.pool.scratch_position, dtype=torch.long, device=device)
-        lengths = torch.full((size,), MIN_LENGTH, dtype=torch.long, device=device)
-        return ids, positions, self.model.decode_bias(lengths, MIN_LENGTH)
+        biases = []
+        for group, rows in enumerate(self.group_sizes(size)):
+            length = min(MIN_LENGTH + group, self.pool.max_context)
+            biases.append(self.model.decode_bias(torch.ones(rows, dtype=torch.long, device=device), length))
+        return ids, positions, biases
 
     @staticmethod
     def _time(step: Callable[[], Any]) -> float:

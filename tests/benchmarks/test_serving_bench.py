@@ -404,6 +404,11 @@ def test_bounds_and_profile_are_reported(results: dict) -> None:
         assert step["decode_steps"] > 0
         parts = step["forward_ms"] + step["sampling_ms"] + step["scheduler_and_python_ms"]
         assert parts == pytest.approx(step["step_ms"], rel=1e-6)
+    # Prompts of 4 lengths, 16 each: one attention over all 64 rows would attend padding, and the
+    # four groups of 16 rows, re-seated by length, hold one length each: none.
+    big = results["profile"]["batches"]["64"]
+    assert big["attention_padding_share_one_group"] > 0.2
+    assert big["attention_padding_share"] == 0.0
     machine = results["machine"]
     assert machine["cpus"] >= 1 and machine["threads"] == 1  # quick: one thread (speed is not judged)
     assert len(machine["load_average_at_start"]) == 3

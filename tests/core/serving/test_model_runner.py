@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from aieng_core.model.decode_attention import _fused_decode_attention, decode_attention
 from aieng_core.model.llama import (
     LlamaConfig,
     LlamaForCausalLM,
     apply_rotary,
     apply_rotary_signed,
-    decode_attention,
     rotary_tables,
     signed_sin,
 )
@@ -208,6 +208,10 @@ def test_decode_attention_equals_masked_scaled_dot_product_attention_with_groupe
     # Row 1 sees only position 0: its output is exactly that position's values, per kv head.
     expected = values[1, :, 0].repeat_interleave(heads // kv_heads, dim=0).reshape(-1)
     torch.testing.assert_close(ours[1], expected, rtol=0, atol=1e-6)
+    # The form the captured graphs compile (reductions, not matmuls) computes the same.
+    fused = _fused_decode_attention(q, keys, values, grouped_bias)
+    torch.testing.assert_close(fused, reference.reshape(batch, heads * head_dim), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fused[1], expected, rtol=0, atol=1e-6)
 
 
 def test_the_runner_lays_weights_out_column_major_in_place_without_changing_a_value() -> None:

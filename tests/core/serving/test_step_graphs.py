@@ -1,7 +1,8 @@
 """Decode step graphs captured at warmup (serving/step_graphs.py): greedy tokens equal to the
 eager engine's and to transformers `generate`, a step runs in the smallest captured bucket,
 nothing recompiles while serving, a restart loads the compiled code from the disk cache, and
-capture that cannot happen says why while the engine runs eagerly."""
+capture that cannot happen says why while the engine runs eagerly. The captured engine
+attends in groups of rows where the eager one it is compared with does not."""
 
 from __future__ import annotations
 
@@ -22,7 +23,11 @@ MAX_BATCH = 4  # buckets 1, 2, 4: three compiles, a few seconds each
 def captured_engine(model, tokenizer, cache_dir: Path, max_seconds: float = 300.0) -> Engine:
     limits = EngineLimits(MAX_BATCH, 64, 64, 512)
     settings = StepGraphSettings(mode=COMPILE, max_seconds=max_seconds, cache_dir=cache_dir)
-    return Engine(model, tokenizer, limits, model.config.eos_token_id, settings, bundle_key="test-bundle")
+    engine = Engine(model, tokenizer, limits, model.config.eos_token_id, settings, bundle_key="test-bundle")
+    # Bucket 4 attends in two groups of two rows (each its own dynamic length), as a batch of
+    # 32 or more does by default: the graphs below cover grouped attention too.
+    engine.runner.graphs.min_group_rows = 2
+    return engine
 
 
 @pytest.fixture(scope="module")
