@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +100,7 @@ def produce_variant_files(staging: Path, store: ArtifactStore, source: Artifact,
         GOLDEN_FILE,
         SERVING_FILE,
         bundle_content_sha256,
+        copy_verified,
         engine_for,
         write_json,
     )
@@ -116,7 +116,7 @@ def produce_variant_files(staging: Path, store: ArtifactStore, source: Artifact,
         fp32 = load_bundle(source.path, GOLDEN_DEVICE)
         if serves_int8(fp32):
             raise ValueError(f"{BUNDLE} {source.id} is an int8 variant itself: a variant is made from a float32 bundle")
-        copy_listed(source, (*COPIED_FILES, *TOKENIZER_FILES), staging)
+        copy_verified(source, (*COPIED_FILES, *TOKENIZER_FILES), staging, "the source bundle's")
         save_int8_weights(fp32.model, staging)
         settings = {**fp32.serving, "weights": WEIGHTS, "weights_method": METHOD}
         write_json(staging / SERVING_FILE, settings)
@@ -128,9 +128,13 @@ def produce_variant_files(staging: Path, store: ArtifactStore, source: Artifact,
             manifest={"files": {name: sha256_file(staging / name) for name in (MODEL_FILE, "config.json")}},
         )
         model = load_model(staged, GOLDEN_DEVICE)
+        # The goldens as load_bundle replayed them; the document around them is re-read for its
+        # other fields, and must still hold the same outputs.
         golden_doc = json.loads((source.path / GOLDEN_FILE).read_text(encoding="utf-8"))
-        prompts = [entry["prompt"] for entry in golden_doc["outputs"]]
-        max_new = int(golden_doc["outputs"][0]["max_new_tokens"])
+        if golden_doc.get("outputs") != fp32.golden:
+            raise ArtifactIntegrityError(f"{source.path / GOLDEN_FILE}: changed after it was verified")
+        prompts = [entry["prompt"] for entry in fp32.golden]
+        max_new = int(fp32.golden[0]["max_new_tokens"])
         engine = engine_for(model, fp32.tokenizer, settings, max_waiting=len(prompts))
         outputs = greedy_continuations(engine, prompts, max_new)
         write_json(staging / GOLDEN_FILE, {**golden_doc, "threads": threads, "outputs": outputs})
@@ -150,7 +154,7 @@ def produce_variant_files(staging: Path, store: ArtifactStore, source: Artifact,
         "golden_prompts": len(outputs),
         "golden_max_new_tokens": max_new,
         "golden_threads": threads,
-        "golden_agreement": golden_agreement(golden_doc["outputs"], outputs),
+        "golden_agreement": golden_agreement(fp32.golden, outputs),
         "int8_quality": quality,
         "files": len(written),
         "bytes": sum((staging / name).stat().st_size for name in written),
@@ -158,20 +162,6 @@ def produce_variant_files(staging: Path, store: ArtifactStore, source: Artifact,
         "source_model_bytes": (source.path / MODEL_FILE).stat().st_size,
     }
     return Produced(content_sha256=bundle_content_sha256(content), metrics=metrics)
-
-
-def copy_listed(source: Artifact, names: tuple[str, ...], staging: Path) -> None:
-    """Copy files of `source`, each checked against its manifest as it is copied."""
-    listed = source.manifest.get("files", {})
-    for name in names:
-        path = source.path / name
-        if name not in listed:
-            raise ArtifactIntegrityError(f"{path}: not listed in {source.path / MANIFEST}")
-        shutil.copyfile(path, staging / name)
-        if sha256_file(staging / name) != listed[name]:
-            raise ArtifactIntegrityError(
-                f"{path}: SHA-256 does not match its manifest (damaged, or changed while being copied)"
-            )
 
 
 def int8_quality(store: ArtifactStore, fp32: Any, int8: Any) -> dict[str, Any]:

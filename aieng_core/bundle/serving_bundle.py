@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -123,20 +124,7 @@ def produce_bundle_files(
 
     if benchmark is not None:
         refuse_other_model(benchmark, model_artifact)
-    # Each copy is hashed against the model's manifest: the bytes bundled are the bytes the
-    # manifest names, whether the source was damaged before or changed during the copy.
-    listed = model_artifact.manifest.get("files", {})
-    for name in MODEL_FILES:
-        source = model_artifact.path / name
-        if name not in listed:
-            raise ArtifactIntegrityError(f"{source}: not listed in {model_artifact.path / MANIFEST}")
-        if not source.is_file():
-            raise ArtifactIntegrityError(f"{source}: missing")
-        shutil.copyfile(source, staging / name)
-        if sha256_file(staging / name) != listed[name]:
-            raise ArtifactIntegrityError(
-                f"{source}: SHA-256 does not match the model's manifest (damaged, or changed while being copied)"
-            )
+    copy_verified(model_artifact, MODEL_FILES, staging, "the model's")
     crash_point("serving_bundle.model_copied")
     copied = Artifact(
         kind=MODEL_KIND,
@@ -168,7 +156,7 @@ def produce_bundle_files(
     written = list(BUNDLE_FILES)
     report_metrics: dict[str, Any] = {}
     if benchmark is not None:
-        copy_benchmark(staging, benchmark)
+        copy_verified(benchmark, (BENCHMARK_FILE,), staging, "the report's")
         written.append(BENCHMARK_FILE)
         report_metrics = {"benchmark_report_id": benchmark.id, "benchmark": benchmark.metrics}
 
@@ -205,17 +193,22 @@ def refuse_other_model(report: Artifact, model: Artifact) -> None:
         )
 
 
-def copy_benchmark(staging: Path, report: Artifact) -> None:
-    """Copy the report's benchmark.json, checked against the report's manifest as it is copied."""
-    source = report.path / BENCHMARK_FILE
-    expected = report.manifest.get("files", {}).get(BENCHMARK_FILE)
-    if expected is None:
-        raise ArtifactIntegrityError(f"{source}: not listed in {report.path / MANIFEST}")
-    shutil.copyfile(source, staging / BENCHMARK_FILE)
-    if sha256_file(staging / BENCHMARK_FILE) != expected:
-        raise ArtifactIntegrityError(
-            f"{source}: SHA-256 does not match the report's manifest (damaged, or changed while being copied)"
-        )
+def copy_verified(source: Artifact, names: Sequence[str], staging: Path, owner: str) -> None:
+    """Copy files of `source` into `staging`, each hashed against `source`'s manifest (`owner`
+    names it in errors) once copied: the bytes bundled are the bytes the manifest names,
+    whether the source was damaged before or changed during the copy."""
+    listed = source.manifest.get("files", {})
+    for name in names:
+        path = source.path / name
+        if name not in listed:
+            raise ArtifactIntegrityError(f"{path}: not listed in {source.path / MANIFEST}")
+        if not path.is_file():
+            raise ArtifactIntegrityError(f"{path}: missing")
+        shutil.copyfile(path, staging / name)
+        if sha256_file(staging / name) != listed[name]:
+            raise ArtifactIntegrityError(
+                f"{path}: SHA-256 does not match {owner} manifest (damaged, or changed while being copied)"
+            )
 
 
 def bundle_content_sha256(file_hashes: dict[str, str]) -> str:
@@ -287,8 +280,15 @@ def build_serving_bundle(
     if config.bundle.weights == INT8:
         from aieng_core.bundle.int8_variant import build_int8_variant
 
+        previous = store.current(KIND)
         source = build_serving_bundle(store, as_fp32(config), run, logger)
-        return build_int8_variant(store, config, source, golden_threads(config), run, logger)
+        try:
+            return build_int8_variant(store, config, source, golden_threads(config), run, logger)
+        except BaseException:
+            # The float32 source stays in the store (the next try reuses it), but a config that
+            # asks for int8 never leaves it current: the current bundle is what it was before.
+            store.restore_current(KIND, previous)
+            raise
     model = store.check_input(store.require_current(MODEL_KIND))
     refuse_partial(model, config.bundle)
     report = current_report(store)

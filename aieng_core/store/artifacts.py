@@ -252,6 +252,14 @@ class ArtifactStore:
         record = {"kind": artifact.kind, "id": artifact.id, "partition": partition, "updated_at": _now()}
         atomic_write_bytes(self._ref_path(artifact.kind, partition), canonical_json(record))
 
+    def restore_current(self, kind: str, previous: Artifact | None) -> None:
+        """Point `kind`'s unpartitioned ref back at `previous` (what current() said before a
+        build that failed half way), or remove it when there was none. No artifact is deleted."""
+        if previous is not None:
+            self.set_current(previous)
+        else:
+            self._ref_path(kind, None).unlink(missing_ok=True)
+
     def current(self, kind: str, partition: str | None = None) -> Artifact | None:
         ref = self._ref_path(kind, partition)
         try:

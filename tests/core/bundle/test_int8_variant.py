@@ -245,6 +245,31 @@ def test_serving_json_and_the_weights_file_must_agree(variant: Variant, tmp_path
         load_bundle(path, check_goldens=False)
 
 
+def test_a_failed_variant_build_leaves_the_current_bundle_as_it_was(
+    variant: Variant, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+
+    home = tmp_path / "home"
+    shutil.copytree(variant.store.home, home)
+    store = ArtifactStore(home)
+    assert store.current("serving_bundle").id == variant.bundle.id
+    before = set(store.list_ids("serving_bundle"))
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("disk full while quantizing")
+
+    monkeypatch.setattr("aieng_core.model.hf_files.save_int8_weights", fails)
+    # Another bundle section: a new float32 source is built, then its variant fails.
+    config = variant.config.model_copy(
+        update={"bundle": variant.config.bundle.model_copy(update={"default_max_new_tokens": 17})}
+    )
+    with pytest.raises(RuntimeError, match="disk full while quantizing"):
+        build_serving_bundle(store, config)
+    assert store.current("serving_bundle").id == variant.bundle.id
+    [new_source] = set(store.list_ids("serving_bundle")) - before  # kept, for the next try to reuse
+    assert not is_variant(store.get("serving_bundle", new_source))
+
+
 def test_a_variant_is_not_made_from_a_variant(variant: Variant, tmp_path: Path) -> None:
     from aieng_core.bundle.int8_variant import produce_variant_files
 
