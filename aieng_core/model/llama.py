@@ -6,7 +6,7 @@ RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> LM head (optionally tied to the
 `forward` is the reference (training, evaluation, `generate_greedy`). The serving engine runs
 the same network over a preallocated key/value cache (aieng_core/serving/kv_cache.py):
 `forward_cached` is a prefill, writing each prompt's keys and values into its sequence's slot;
-`decode_step` runs every running sequence's next token, each at its own position, in one
+`decode_forward` runs every running sequence's next token, each at its own position, in one
 batched forward. A decode step is a few hundred small ops, so its path is the lean one: one
 fused norm per norm, rotary on queries and keys together, attention as two batched matmuls
 per group of rows (decode_attention.py: each group attends up to its own longest row).
@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from aieng_core.model.decode_attention import decode_attention, group_lengths, group_sizes
+from aieng_core.model.decode_attention import decode_attention, group_lengths
 from aieng_core.model.shape import head_shape_problem
 
 
@@ -412,26 +412,6 @@ class LlamaForCausalLM(nn.Module):
             x = cast(DecoderLayer, layer).prefill(x, keys, values, batch)
         return self.lm_head(self.model.norm.fused(x[last_rows]))
 
-    @torch.no_grad()
-    def decode_step(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        lengths: Sequence[int],
-        cache_keys: list[torch.Tensor],
-        cache_values: list[torch.Tensor],
-        sizes: Sequence[int] | None = None,
-    ) -> torch.Tensor:
-        """One token for each of the cache's slots 0..batch-1: next-token logits (batch, vocab).
-
-        input_ids, positions: (batch,), each row's token and where its key and value go.
-        lengths: how many cached positions (from 0) each row attends to, its own included.
-        sizes: the attention groups' row counts (decode_attention.group_sizes by default).
-        """
-        sizes = group_sizes(len(lengths)) if sizes is None else sizes
-        biases = self.decode_biases(lengths, sizes)
-        return self.decode_forward(input_ids, positions, biases, cache_keys, cache_values)
-
     def decode_biases(self, lengths: Sequence[int], sizes: Sequence[int], minimum: int = 1) -> list[torch.Tensor]:
         """decode_attention's bias of each attention group: the group's rows attend `lengths`
         positions each, over the group's longest length (at least `minimum`)."""
@@ -462,9 +442,11 @@ class LlamaForCausalLM(nn.Module):
         cache_keys: list[torch.Tensor],
         cache_values: list[torch.Tensor],
     ) -> torch.Tensor:
-        """decode_step's forward, given its attention groups' biases (decode_biases): tensors
-        in, logits out, no value read back to Python, so serving/step_graphs.py can compile it
-        for one batch size with each group's attended length left dynamic."""
+        """One token for each of the cache's slots 0..batch-1 (input_ids, positions: each row's
+        token and where its key and value go), given its attention groups' biases
+        (decode_biases): next-token logits (batch, vocab). Tensors in, logits out, no value read
+        back to Python, so serving/step_graphs.py can compile it for one batch size with each
+        group's attended length left dynamic."""
         x = self.model.embed_tokens(input_ids)
         cos_table, _, sin_signed_table = self._rotary_table(x)
         step = DecodeBatch(

@@ -40,6 +40,8 @@ def step_lengths(requests: Sequence[Request], rows: int) -> list[int]:
 def regroup(pool: KVCachePool, requests: Sequence[Request], sizes: Sequence[int]) -> int:
     """Re-seat the decoding `requests` by length among their own slots when it pays (see the
     module's docstring); the number of requests moved. `sizes`: the step's attention groups."""
+    if len(sizes) == 1:  # one group: every seat is as good as another
+        return 0
     rows = sum(sizes)
     group = group_of_rows(sizes)
     slots = sorted(_slot(r) for r in requests)
