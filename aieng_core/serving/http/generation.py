@@ -166,7 +166,13 @@ class Generation:
         try:
             if remaining <= 0:
                 raise TimeoutError
-            index, output = await asyncio.wait_for(self.queue.get(), remaining)
+            if self.queue.empty():
+                # asyncio.timeout, not wait_for: wait_for wraps the get in a Task of its own,
+                # once per token of every stream.
+                async with asyncio.timeout(remaining):
+                    index, output = await self.queue.get()
+            else:
+                index, output = self.queue.get_nowait()
         except TimeoutError:
             self.cancel()
             self.state.metrics.reject("timeout")

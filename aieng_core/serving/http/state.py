@@ -33,7 +33,7 @@ from starlette.requests import Request as HttpRequest
 from aieng_core.config import AiengConfig
 from aieng_core.serving.http.errors import ApiError, unavailable
 from aieng_core.serving.http.metrics import ServingMetrics
-from aieng_core.serving.http.replica import Replica, open_replica
+from aieng_core.serving.http.replica import Replica, in_a_thread_of_its_own, open_replica
 from aieng_core.store import ArtifactIntegrityError
 from aieng_core.store.request_log import NO_BUNDLE
 
@@ -170,8 +170,10 @@ class ServingState:
     def _on_step(self, step: StepStats, _engine_stats: EngineStats) -> None:
         self.metrics.observe_step(step.batch_size)
 
-    def _open(self, path: Path) -> Replica:
-        return open_replica(path, self.config, self._on_step)
+    async def _open(self, path: Path) -> Replica:
+        # Not asyncio.to_thread: see in_a_thread_of_its_own (the engine thread must be the
+        # only one left holding OpenMP workers).
+        return await in_a_thread_of_its_own(lambda: open_replica(path, self.config, self._on_step), "aieng-load")
 
     async def initial_load(self) -> None:
         started = time.monotonic()
@@ -193,7 +195,7 @@ class ServingState:
                     log.warning("%s", self.no_bundle_message())
                     return
             assert self.bundle_path is not None
-            replica = await asyncio.to_thread(self._open, self.bundle_path)
+            replica = await self._open(self.bundle_path)
         except Exception as exc:
             self.phase, self.error = "failed", str(exc)
             log.error("cannot serve bundle %s: %s", self.bundle_path, exc, exc_info=not isinstance(exc, BUNDLE_ERRORS))
@@ -215,7 +217,7 @@ class ServingState:
 
     async def reload(self, path: Path) -> tuple[Replica, Replica | None]:
         """Open the bundle at `path` and serve it; (the new replica, the one it replaced)."""
-        replica = await asyncio.to_thread(self._open, path)
+        replica = await self._open(path)
         self.bundle_path = path
         return replica, self._install(replica)
 

@@ -19,8 +19,9 @@ import uvicorn
 from aieng_core.bundle.serving_bundle import build_serving_bundle
 from aieng_core.loadgen.http_client import Reply, request
 from aieng_core.loadgen.server_process import free_port
+from aieng_core.serving.http import state as state_module
 from aieng_core.serving.http.app import create_app
-from aieng_core.serving.http.replica import Replica, open_replica
+from aieng_core.serving.http.replica import Replica, in_a_thread_of_its_own, open_replica
 from aieng_core.serving.http.state import ServingState
 from tests.bundle_fixtures import BundledHome
 
@@ -146,6 +147,54 @@ def test_an_engine_that_dies_under_a_request_is_a_503_as_readiness_says(
     for path, body in (("/generate", {"prompt": "x"}), ("/v1/completions", {"prompt": "x", "max_tokens": 2})):
         again = server.post(path, body)
         assert (again.status, again.error_code) == (503, "engine_failed"), (path, again.body)
+
+
+def test_a_replica_is_loaded_in_a_thread_that_ends_with_the_load(
+    serve, serving_bundle_artifact: BundledHome, monkeypatch
+) -> None:
+    """Loading runs torch (weights, goldens, warmup), so the thread that loads keeps OpenMP
+    workers while it lives; it must end, leaving the engine thread's the only ones
+    (in_a_thread_of_its_own says why)."""
+    loaders: list[threading.Thread] = []
+
+    def recording_open(*args, **kwargs) -> Replica:
+        loaders.append(threading.current_thread())
+        return open_replica(*args, **kwargs)
+
+    monkeypatch.setattr(state_module, "open_replica", recording_open)
+    server = serve(serving_bundle_artifact.bundle.path)
+    assert server.post("/generate", {"prompt": "The data pipeline", "max_new_tokens": 2}).status == 200
+    [loader] = loaders
+    loader.join(10)
+    assert not loader.is_alive()
+    assert loader.name == "aieng-load"
+    engine_thread = server.state.current.loop._thread
+    assert engine_thread.is_alive() and engine_thread is not loader
+
+
+def test_work_in_a_thread_of_its_own_returns_its_result_or_raises_its_error() -> None:
+    import asyncio
+
+    ran_in: list[threading.Thread] = []
+
+    def work() -> int:
+        ran_in.append(threading.current_thread())
+        return 7
+
+    def fails() -> int:
+        raise ValueError("bundle refused")
+
+    async def both() -> tuple[int, str]:
+        result = await in_a_thread_of_its_own(work, "aieng-load")
+        try:
+            await in_a_thread_of_its_own(fails, "aieng-load")
+        except ValueError as exc:
+            return result, str(exc)
+        raise AssertionError("the error was not raised")
+
+    assert asyncio.run(both()) == (7, "bundle refused")
+    ran_in[0].join(10)
+    assert ran_in[0] is not threading.main_thread() and not ran_in[0].is_alive()
 
 
 def test_the_server_answers_before_the_engine_is_imported() -> None:
