@@ -32,7 +32,8 @@ BUNDLE = asset_keys.SERVING_BUNDLE  # the kind it builds (serving_bundle.py is t
 # This builder's own version, locked to its source (and model/int8_weights.py's) by
 # code_versions.py like every stage's, and recorded in the variant's recipe; the spec's
 # code_version is the kind's (serving_bundle.CODE_VERSION, which `aieng store rebuild` checks).
-CODE_VERSION = "serving_bundle_int8-v1"
+# v2: golden conversations recorded again through the int8 weights; the lineage names the chat template.
+CODE_VERSION = "serving_bundle_int8-v2"
 WEIGHTS = "int8"
 # Copied from the float32 bundle as they are; model.safetensors, serving.json and golden.json are made here.
 COPIED_FILES = ("config.json", "generation_config.json", "benchmark.json")
@@ -88,13 +89,16 @@ def build_int8_variant(
             f"to float32, {quality['int8_bits_per_byte']:.4f} vs {quality['fp32_bits_per_byte']:.4f} bits per byte "
             f"({quality['worse_by']:+.2%})"
         )
-        return Produced(produced.content_sha256, produced.metrics, extra={**produced.extra, "lineage": lineage})
+        chat = {"chat_template_sha256": produced.metrics["chat_template_sha256"]}
+        return Produced(
+            produced.content_sha256, produced.metrics, extra={**produced.extra, "lineage": {**lineage, **chat}}
+        )
 
     return store.build(spec, produce, run, logger)
 
 
 def produce_variant_files(staging: Path, store: ArtifactStore, source: Artifact, threads: int) -> Produced:
-    from aieng_core.bundle.golden import GOLDEN_DEVICE
+    from aieng_core.bundle.golden import GOLDEN_DEVICE, record_goldens
     from aieng_core.bundle.serving_bundle import (
         BUNDLE_FILES,
         GOLDEN_FILE,
@@ -108,7 +112,7 @@ def produce_variant_files(staging: Path, store: ArtifactStore, source: Artifact,
     from aieng_core.model.hf_files import MODEL_FILE, load_model, save_int8_weights
     from aieng_core.model.int8_weights import METHOD
     from aieng_core.serving.device import torch_threads
-    from aieng_core.serving.greedy import golden_agreement, greedy_continuations
+    from aieng_core.serving.greedy import golden_agreement
     from aieng_core.tokenizer.bpe import TOKENIZER_FILES
 
     with torch_threads(threads):
@@ -133,12 +137,16 @@ def produce_variant_files(staging: Path, store: ArtifactStore, source: Artifact,
         golden_doc = json.loads((source.path / GOLDEN_FILE).read_text(encoding="utf-8"))
         if golden_doc.get("outputs") != fp32.golden:
             raise ArtifactIntegrityError(f"{source.path / GOLDEN_FILE}: changed after it was verified")
-        prompts = [entry["prompt"] for entry in fp32.golden]
+        # In the order record_goldens wrote them: the prompts, then the conversations.
+        prompts = [entry["prompt"] for entry in fp32.golden if "messages" not in entry]
+        conversations = [entry["messages"] for entry in fp32.golden if "messages" in entry]
         max_new = int(fp32.golden[0]["max_new_tokens"])
-        engine = engine_for(model, fp32.tokenizer, settings, max_waiting=len(prompts))
-        outputs = greedy_continuations(engine, prompts, max_new)
+        engine = engine_for(model, fp32.tokenizer, settings, max_waiting=len(fp32.golden))
+        outputs = record_goldens(engine, prompts, conversations, fp32.chat_template, max_new)
         write_json(staging / GOLDEN_FILE, {**golden_doc, "threads": threads, "outputs": outputs})
-        int8 = LoadedBundle("staging", staging, {}, settings, outputs, model, fp32.tokenizer, fp32.eos_token_id)
+        int8 = LoadedBundle(
+            "staging", staging, {}, settings, outputs, model, fp32.tokenizer, fp32.eos_token_id, fp32.chat_template
+        )
         quality = int8_quality(store, fp32, int8)
 
     content = {name: sha256_file(staging / name) for name in BUNDLE_FILES}
@@ -151,7 +159,9 @@ def produce_variant_files(staging: Path, store: ArtifactStore, source: Artifact,
         "weights": WEIGHTS,
         "weights_method": METHOD,
         "source_bundle_id": source.id,
-        "golden_prompts": len(outputs),
+        "golden_prompts": len(prompts),
+        "golden_conversations": len(conversations),
+        "chat_template_sha256": fp32.chat_template.sha256,
         "golden_max_new_tokens": max_new,
         "golden_threads": threads,
         "golden_agreement": golden_agreement(fp32.golden, outputs),

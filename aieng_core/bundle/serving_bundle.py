@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from aieng_core import asset_keys
-from aieng_core.bundle.golden import GOLDEN_DEVICE
+from aieng_core.bundle.golden import GOLDEN_DEVICE, record_goldens
 from aieng_core.config import AiengConfig, BundleConfig
 from aieng_core.faults import crash_point
 from aieng_core.hashing import sha256_file, sha256_json
+from aieng_core.serving.chat_template import ChatTemplate, with_template
 from aieng_core.store import (
     Artifact,
     ArtifactIntegrityError,
@@ -41,7 +42,7 @@ from aieng_core.store import (
 )
 from aieng_core.store.artifacts import MANIFEST, rebuild_command
 from aieng_core.store.lineage import lineage_summary
-from aieng_core.tokenizer.bpe import TOKENIZER_FILES
+from aieng_core.tokenizer.bpe import TOKENIZER_CONFIG_FILE, TOKENIZER_FILES
 
 # Spelled out (not imported from model/int8_weights.py) to keep torch out of this module's imports.
 FP32, INT8 = "fp32", "int8"
@@ -52,7 +53,8 @@ FP32, INT8 = "fp32", "int8"
 KIND = asset_keys.SERVING_BUNDLE
 # v3: carries the benchmark_report of its model (benchmark.json, metrics["benchmark"]), an input.
 # v4: its recipe is the bundle: section; serving.json holds only it (what the server reads is not in it).
-CODE_VERSION = "serving_bundle-v4"
+# v5: tokenizer_config.json carries bundle.chat_template; golden conversations rendered through it.
+CODE_VERSION = "serving_bundle-v5"
 MODEL_KIND = asset_keys.MODEL_CHECKPOINT
 BENCHMARK_KIND = asset_keys.BENCHMARK_REPORT
 
@@ -119,12 +121,14 @@ def produce_bundle_files(
     (the serving benchmark bundles models of its own, without a report)."""
     from aieng_core.model.hf_files import checkpoint_config, load_model
     from aieng_core.serving.device import torch_threads
-    from aieng_core.serving.greedy import greedy_continuations
     from aieng_core.tokenizer.bpe import load_tokenizer
 
     if benchmark is not None:
         refuse_other_model(benchmark, model_artifact)
     copy_verified(model_artifact, MODEL_FILES, staging, "the model's")
+    if recipe.chat_template is not None:  # the tokenizer as served: with its chat template
+        with_template(staging / TOKENIZER_CONFIG_FILE, recipe.chat_template)
+    chat = ChatTemplate.of_directory(staging)
     crash_point("serving_bundle.model_copied")
     copied = Artifact(
         kind=MODEL_KIND,
@@ -144,10 +148,11 @@ def produce_bundle_files(
 
     # Goldens come from the bytes just copied, through the engine that will serve them.
     prompts = recipe.golden_prompts
+    conversations = [[turn.model_dump() for turn in turns] for turns in recipe.golden_conversations]
     with torch_threads(threads):
         model = load_model(copied, GOLDEN_DEVICE)
-        engine = engine_for(model, load_tokenizer(staging), settings, max_waiting=len(prompts))
-        outputs = greedy_continuations(engine, prompts, recipe.golden_max_new_tokens)
+        engine = engine_for(model, load_tokenizer(staging), settings, max_waiting=len(prompts) + len(conversations))
+        outputs = record_goldens(engine, prompts, conversations, chat, recipe.golden_max_new_tokens)
     # The limits the goldens were recorded with (every golden waiting at once: the queue's
     # length is the server's, and never shapes the batch), repeated for readers.
     golden = {"device": GOLDEN_DEVICE, "threads": threads, "engine_limits": asdict(engine.limits), "outputs": outputs}
@@ -166,7 +171,10 @@ def produce_bundle_files(
         **report_metrics,
         "parameters": model.num_parameters(),
         "eos_token_id": model_config.eos_token_id,
-        "golden_prompts": len(outputs),
+        "golden_prompts": len(prompts),
+        "golden_conversations": len(outputs) - len(prompts),
+        # The chat template served (in tokenizer_config.json), by its hash; None: chat is refused.
+        "chat_template_sha256": chat.sha256,
         "golden_max_new_tokens": recipe.golden_max_new_tokens,
         "golden_threads": threads,
         "files": len(written),
@@ -302,10 +310,13 @@ def build_serving_bundle(
     def produce(staging: Path) -> Produced:
         produced = produce_bundle_files(staging, model, config.bundle, spec.recipe["threads"], report)
         logger.info(
-            f"{KIND}: bundled {MODEL_KIND} {model.id} with {produced.metrics['golden_prompts']} goldens and "
+            f"{KIND}: bundled {MODEL_KIND} {model.id} with {produced.metrics['golden_prompts']} golden prompts, "
+            f"{produced.metrics['golden_conversations']} golden conversations and "
             f"{BENCHMARK_KIND} {report.id}"
         )
-        return replace(produced, extra={**produced.extra, "lineage": lineage})
+        # What renders a chat's prompt is part of what answered it, as the tokenizer is.
+        chat = {"chat_template_sha256": produced.metrics["chat_template_sha256"]}
+        return replace(produced, extra={**produced.extra, "lineage": {**lineage, **chat}})
 
     return store.build(spec, produce, run, logger)
 

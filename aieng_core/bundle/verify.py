@@ -26,6 +26,7 @@ from aieng_core.bundle.serving_bundle import (
     bundle_content_sha256,
     engine_for,
 )
+from aieng_core.serving.chat_template import NO_CHAT_TEMPLATE, ChatTemplate
 from aieng_core.store import Artifact, ArtifactIntegrityError, ArtifactStore
 from aieng_core.store.artifacts import MANIFEST
 
@@ -51,6 +52,7 @@ class LoadedBundle:
     model: LlamaForCausalLM
     tokenizer: Tokenizer
     eos_token_id: int
+    chat_template: ChatTemplate = NO_CHAT_TEMPLATE  # tokenizer_config.json's; source None: no chat
 
     def make_engine(self, max_waiting: int, serving: ServingConfig | None = None) -> Engine:
         """The bundle's engine with a queue of `max_waiting` (the server's serving.max_waiting);
@@ -131,15 +133,29 @@ def _replay(artifact: Artifact, golden_doc: dict[str, Any], serving: dict[str, A
         cpu_model = model if model is not None else _load_model(artifact, GOLDEN_DEVICE)
         engine = engine_for(cpu_model, load_tokenizer(artifact.path), serving, max_waiting=len(outputs))
         try:
-            return replay_goldens(engine, outputs)
+            return replay_goldens(engine, outputs, _chat_template(artifact.path))
         except RequestError as exc:  # a golden the engine refuses cannot have been recorded by it
             raise BundleVerificationError(
                 f"{artifact.path / GOLDEN_FILE}: the engine refuses a golden: {exc}"
             ) from None
 
 
+def _chat_template(path: Path) -> ChatTemplate:
+    try:
+        return ChatTemplate.of_directory(path)
+    except ValueError as exc:
+        raise BundleVerificationError(str(exc)) from None
+
+
 def golden_problem(path: Path, result: dict[str, Any]) -> str:
-    where = f"{path / GOLDEN_FILE}: golden prompt {result['prompt']!r}"
+    where = (
+        f"{path / GOLDEN_FILE}: golden {'conversation' if result['conversation'] else 'prompt'} {result['prompt']!r}"
+    )
+    if not result["rendered_match"]:
+        return (
+            f"{where}: its messages no longer render to the recorded prompt through the bundle's chat template "
+            "(tokenizer_config.json chat_template missing, changed, or rendered differently)"
+        )
     if not result["prompt_ids_match"]:
         return f"{where} no longer encodes to the recorded prompt_ids"
     expected, got = result["expected_token_ids"], result["got_token_ids"]
@@ -171,6 +187,17 @@ def _serving_json(path: Path) -> dict[str, Any]:
     return serving
 
 
+def _is_conversation(messages: Any) -> bool:
+    return (
+        isinstance(messages, list)
+        and bool(messages)
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages
+        )
+    )
+
+
 def _golden_doc(path: Path) -> dict[str, Any]:
     doc = _read_json(path / GOLDEN_FILE)
     outputs = doc.get("outputs") if isinstance(doc, dict) else None
@@ -179,12 +206,15 @@ def _golden_doc(path: Path) -> dict[str, Any]:
         or type(doc.get("threads")) is not int
         or doc["threads"] < 1
         or not all(
-            isinstance(entry, dict) and all(type(entry.get(key)) is kind for key, kind in GOLDEN_ENTRY.items())
+            isinstance(entry, dict)
+            and all(type(entry.get(key)) is kind for key, kind in GOLDEN_ENTRY.items())
+            and ("messages" not in entry or _is_conversation(entry["messages"]))
             for entry in outputs
         )
     ):
         raise BundleVerificationError(
-            f"{path / GOLDEN_FILE}: not a golden file (needs 'threads' and 'outputs' of {', '.join(GOLDEN_ENTRY)})"
+            f"{path / GOLDEN_FILE}: not a golden file (needs 'threads' and 'outputs' of {', '.join(GOLDEN_ENTRY)}; "
+            "a conversation's 'messages' a list of {role, content} strings)"
         )
     return doc
 
@@ -230,6 +260,7 @@ def load_bundle(path: str | Path, device: str = "cpu", check_goldens: bool = Tru
         model=model,
         tokenizer=load_tokenizer(path),
         eos_token_id=eos,
+        chat_template=_chat_template(path),
     )
 
 
@@ -264,7 +295,8 @@ def verify_bundle(path: str | Path) -> dict[str, Any]:
         report["problems"].append(str(exc))
         return report
     report["goldens"] = [
-        {key: result[key] for key in ("prompt", "ok", "expected_text", "got_text")} for result in results
+        {key: result[key] for key in ("prompt", "conversation", "ok", "expected_text", "got_text")}
+        for result in results
     ]
     report["problems"] += [golden_problem(path, result) for result in results if not result["ok"]]
     report["ok"] = not report["problems"]

@@ -41,7 +41,8 @@ def cmd_bundle_build(args: argparse.Namespace) -> int:
         lambda r: (
             f"serving_bundle {r['id']} ({'reused' if r['reused'] else 'built'}) of model_checkpoint "
             f"{r['metrics']['model_checkpoint_id']}, benchmark_report {r['benchmark_report']['id']}\n"
-            f"  {r['metrics']['golden_prompts']} golden prompts, {r['metrics']['files']} files, "
+            f"  {r['metrics']['golden_prompts']} golden prompts, {r['metrics'].get('golden_conversations', 0)} golden "
+            f"conversations, {r['metrics']['files']} files, "
             f"{r['metrics']['bytes']:,} bytes\n{int8_lines(r['metrics'])}  {r['path']}"
         ),
     )

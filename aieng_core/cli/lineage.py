@@ -131,15 +131,18 @@ def _git(value: Any) -> str:
 
 
 def _details(node: dict[str, Any]) -> str:
-    return ", ".join(
-        [
-            f"code {node.get('code_version') or 'not recorded'}",
-            f"config {_short(node.get('config_sha256'))}",
-            _git(node.get("git_commit")),
-            f"dagster run {node.get('dagster_run_id') or 'none'}",
-            f"created {node.get('created_at') or 'not recorded'}",
-        ]
-    )
+    details = [
+        f"code {node.get('code_version') or 'not recorded'}",
+        f"config {_short(node.get('config_sha256'))}",
+        _git(node.get("git_commit")),
+        f"dagster run {node.get('dagster_run_id') or 'none'}",
+        f"created {node.get('created_at') or 'not recorded'}",
+    ]
+    metrics = node.get("metrics") or {}
+    if "chat_template_sha256" in metrics:  # a bundle: what renders its chats' prompts
+        template = metrics["chat_template_sha256"]
+        details.append(f"chat template {_short(template)}" if template else "no chat template")
+    return ", ".join(details)
 
 
 def _title(node: dict[str, Any]) -> str:

@@ -38,7 +38,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    serve = commands.add_parser("serve", help="serve a bundle over HTTP (OpenAI-compatible completions)")
+    serve = commands.add_parser(
+        "serve", help="serve a bundle over HTTP (OpenAI-compatible completions and chat completions)"
+    )
     serving_what = serve.add_mutually_exclusive_group(required=True)
     serving_what.add_argument("--bundle", help="the serving bundle directory (`aieng bundle current --path`)")
     serving_what.add_argument(

@@ -3,9 +3,9 @@ serving (what only the running server reads), benchmark, gate."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, Strict, field_validator, model_validator
 
 from aieng_core.config.pipeline_sections import Section
 
@@ -14,6 +14,34 @@ DEFAULT_GOLDEN_PROMPTS = (
     "A model is trained",
     "数据清洗",
     "Once upon a time",
+)
+
+# The demo model learns plain text, and its tokenizer has no chat tokens (special-token text
+# in a prompt stays text: tokenizer/bpe.py), so the turns are marked in plain text. A
+# conversation ends where the model emits EOS, as a document does.
+DEFAULT_CHAT_TEMPLATE = (
+    "{%- for message in messages %}\n"
+    "{%- if message['role'] not in ('system', 'user', 'assistant') %}\n"
+    "{{- raise_exception('roles are system, user and assistant, not ' ~ message['role']) }}\n"
+    "{%- endif %}\n"
+    "{{- '### ' ~ message['role'] ~ '\\n' ~ message['content'] ~ '\\n\\n' }}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n"
+    "{{- '### assistant\\n' }}\n"
+    "{%- endif %}\n"
+)
+
+
+class ChatTurn(Section):
+    """One message of a golden conversation."""
+
+    role: Literal["system", "user", "assistant"]
+    content: str = Field(min_length=1)
+
+
+DEFAULT_GOLDEN_CONVERSATIONS = (
+    (ChatTurn(role="user", content="What does the pipeline do?"),),
+    (ChatTurn(role="system", content="Be brief."), ChatTurn(role="user", content="数据清洗?")),
 )
 
 
@@ -49,6 +77,22 @@ class BundleConfig(Section):
         "`aieng bundle verify`, every load and the gate.",
     )
     golden_max_new_tokens: int = Field(default=16, ge=1, description="Tokens generated per golden prompt.")
+    chat_template: str | None = Field(
+        default=DEFAULT_CHAT_TEMPLATE,
+        min_length=1,
+        description=(
+            "Jinja chat template, written into the bundle's tokenizer_config.json as transformers reads it "
+            "(AutoTokenizer.apply_chat_template renders the same prompt); /v1/chat/completions renders "
+            "conversations through it. null: the bundle has none, and chat requests get a 400 saying so."
+        ),
+    )
+    golden_conversations: tuple[Annotated[tuple[ChatTurn, ...], Strict(False)], ...] = Field(
+        default=DEFAULT_GOLDEN_CONVERSATIONS,
+        strict=False,
+        description="Rendered through chat_template, their greedy replies are recorded with the golden prompts "
+        "and replayed with them; each replay also renders the conversation again and must give the recorded "
+        "prompt. Ignored without a chat_template.",
+    )
     golden_threads: int = Field(
         default=0,
         ge=0,
@@ -73,6 +117,8 @@ class BundleConfig(Section):
     def _goldens_named(self) -> BundleConfig:
         if any(not prompt for prompt in self.golden_prompts):
             raise ValueError("golden_prompts: a prompt is empty")
+        if any(not conversation for conversation in self.golden_conversations):
+            raise ValueError("golden_conversations: a conversation is empty")
         return self
 
 

@@ -64,6 +64,9 @@ def serving_bundle(context: dg.AssetExecutionContext, aieng: AiengResource) -> d
             "bytes": metrics["bytes"],
             "kv_cache_bytes": metrics["kv_cache_bytes"],
             "golden_prompts": metrics["golden_prompts"],
+            "golden_conversations": metrics.get("golden_conversations", 0),
+            # None for a bundle without a template (it answers no chat), or one built before templates.
+            "chat_template_sha256": metrics.get("chat_template_sha256") or "none",
             "golden_outputs": dg.MetadataValue.md(golden_table(golden["outputs"])),
             "benchmark": dg.MetadataValue.md(figures_markdown(benchmark)),
             "benchmark_metrics": dg.MetadataValue.json(metrics["benchmark"]),

@@ -137,7 +137,7 @@ def test_bundle_verify_ok_exits_zero(serving_bundle_artifact, capsys: pytest.Cap
     assert code == 0 and err == ""
     report = json.loads(out)
     assert (report["bundle_id"], report["ok"], report["problems"]) == (bundle.id, True, [])
-    assert [g["ok"] for g in report["goldens"]] == [True, True, True]
+    assert [g["ok"] for g in report["goldens"]] == [True] * 5  # 3 golden prompts, 2 golden conversations
     code, out, err = run(capsys, "bundle", "verify", str(bundle.path))
     assert code == 0 and err == ""
     assert out.splitlines()[0] == f"serving bundle {bundle.id} at {bundle.path}: OK"

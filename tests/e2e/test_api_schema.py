@@ -50,6 +50,7 @@ OPERATIONS = {
     "POST /generate": BOTH,
     "POST /predict": BOTH,
     "POST /v1/completions": BOTH,
+    "POST /v1/chat/completions": BOTH,
     "POST /admin/reload": BOTH,
     "GET /v1/models": (GenerationMode.POSITIVE,),
     "GET /health/live": (GenerationMode.POSITIVE,),

@@ -58,7 +58,9 @@ BIG_QUEUE = {"max_waiting": 256}
 
 @pytest.fixture(scope="module")
 def goldens(bundle_path: Path) -> list[dict[str, Any]]:
-    return json.loads((bundle_path / "golden.json").read_text(encoding="utf-8"))["outputs"]
+    """The golden prompts (the golden conversations are test_chat_completions.py's)."""
+    outputs = json.loads((bundle_path / "golden.json").read_text(encoding="utf-8"))["outputs"]
+    return [golden for golden in outputs if "messages" not in golden]
 
 
 @pytest.fixture(scope="module")

@@ -78,7 +78,8 @@ def test_a_ready_target_passes_with_its_goldens_replayed(deploy_home: Path, pair
     found = values(evaluation)
     recorded = read_check(deploy_home)
     assert recorded["ok"] is True and recorded["bundle_id"] == pair.a.id
-    goldens = len(load_config(TINY_CONFIG).bundle.golden_prompts)
+    recipe = load_config(TINY_CONFIG).bundle
+    goldens = len(recipe.golden_prompts) + len(recipe.golden_conversations)
     assert (found["bundle_id"], found["goldens_checked"], found["problems"]) == (pair.a.id, goldens, [])
     assert (found["checked_at"], found["seconds"], found["sequence"]) == (
         recorded["checked_at"],

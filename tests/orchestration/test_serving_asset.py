@@ -123,8 +123,8 @@ def test_check_metadata(bundled: Materialized) -> None:
     assert values == {
         "bundle_id": bundle.id,
         "files_checked": len(bundle_core.BUNDLE_FILES) + 1,  # and benchmark.json
-        "goldens_replayed": 3,
-        "goldens_matching": 3,
+        "goldens_replayed": 5,
+        "goldens_matching": 5,
         "problems": [],
     }
 
@@ -151,7 +151,7 @@ def test_the_check_fails_when_a_golden_no_longer_replays(bundled: Materialized, 
     problems = verify_bundle(path)["problems"]
     assert len(problems) == 1 and "golden prompt 'A model' differs from token 0" in problems[0]
     values = {key: value.value for key, value in result.metadata.items()}
-    assert (values["goldens_replayed"], values["goldens_matching"], values["problems"]) == (3, 2, problems)
+    assert (values["goldens_replayed"], values["goldens_matching"], values["problems"]) == (5, 4, problems)
     assert result.description == problems[0]
 
 

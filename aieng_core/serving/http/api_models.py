@@ -149,12 +149,11 @@ def _unsupported(name: str | None, value: Any) -> ValueError:
     return ValueError(f"{name}={value!r} is not supported by this server")
 
 
-class CompletionRequest(_Body):
-    """POST /v1/completions, as OpenAI defines it (with vLLM's top_k and ignore_eos)."""
+class _OpenAIRequest(_Body):
+    """What /v1/completions and /v1/chat/completions share, as OpenAI defines it (with vLLM's
+    top_k and ignore_eos)."""
 
     model: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
-    prompt: Prompt | list[Prompt]
-    max_tokens: int | None = Field(default=16, ge=1, le=MAX_NEW_TOKENS)
     temperature: float | None = Field(default=1.0, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: float | None = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     # vLLM: -1 (or 0) means no top-k cut.
@@ -168,29 +167,82 @@ class CompletionRequest(_Body):
     request_id: RequestId | None = None
     # Parameters of the OpenAI API this server does not implement: neutral values only.
     n: int | None = Field(default=1, ge=1, le=128)
-    best_of: int | None = Field(default=None, ge=1, le=128)
-    logprobs: int | None = Field(default=None, ge=0, le=20)
-    echo: StrictBool | None = False
     presence_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
     frequency_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
     logit_bias: dict[str, float] | None = Field(default=None, max_length=1024)
-    suffix: Annotated[str, StringConstraints(max_length=MAX_PROMPT_CHARS)] | None = None
 
     @field_validator(
-        "max_tokens",
-        "temperature",
-        "top_p",
-        "top_k",
-        "seed",
-        "n",
-        "best_of",
-        "logprobs",
-        "presence_penalty",
-        "frequency_penalty",
-        mode="before",
+        "temperature", "top_p", "top_k", "seed", "n", "presence_penalty", "frequency_penalty", mode="before"
     )
     @classmethod
     def _numbers_only(cls, value: Any) -> Any:
+        return json_number(value)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_bounded(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and len(value) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(value)}")
+        return value
+
+    @field_validator("n")
+    @classmethod
+    def _single_choice(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and value > 1:
+            raise _unsupported(info.field_name, value)
+        return value
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value:
+            raise _unsupported(info.field_name, value)
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value:
+            raise _unsupported("logit_bias", "{...}")
+        return value
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def sampling_params_for(self, max_new_tokens: int) -> SamplingParams:
+        # OpenAI's seed is any 64-bit integer; our generators take a non-negative one.
+        seed = None if self.seed is None else self.seed % (1 << 63)
+        return SamplingParams(
+            max_new_tokens=max_new_tokens,
+            temperature=self.temperature if self.temperature is not None else 1.0,
+            top_k=max(self.top_k, 0) if self.top_k is not None else 0,
+            top_p=self.top_p if self.top_p is not None else 1.0,
+            seed=seed,
+            stop=self.stop_strings,
+            ignore_eos=bool(self.ignore_eos),
+        )
+
+
+class CompletionRequest(_OpenAIRequest):
+    """POST /v1/completions."""
+
+    prompt: Prompt | list[Prompt]
+    max_tokens: int | None = Field(default=16, ge=1, le=MAX_NEW_TOKENS)
+    best_of: int | None = Field(default=None, ge=1, le=128)
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: StrictBool | None = False
+    suffix: Annotated[str, StringConstraints(max_length=MAX_PROMPT_CHARS)] | None = None
+
+    @field_validator("max_tokens", "best_of", "logprobs", mode="before")
+    @classmethod
+    def _own_numbers_only(cls, value: Any) -> Any:
         return json_number(value)
 
     @field_validator("prompt")
@@ -200,16 +252,9 @@ class CompletionRequest(_Body):
             raise ValueError(f"a prompt list holds 1 to {MAX_PREDICT_INPUTS} prompts, got {len(value)}")
         return value
 
-    @field_validator("stop")
+    @field_validator("best_of")
     @classmethod
-    def _stop_bounded(cls, value: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(value, list) and len(value) > MAX_STOP_STRINGS:
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(value)}")
-        return value
-
-    @field_validator("n", "best_of")
-    @classmethod
-    def _single_choice(cls, value: int | None, info: ValidationInfo) -> int | None:
+    def _single_best(cls, value: int | None, info: ValidationInfo) -> int | None:
         if value is not None and value > 1:
             raise _unsupported(info.field_name, value)
         return value
@@ -228,42 +273,103 @@ class CompletionRequest(_Body):
             raise _unsupported("echo", value)
         return value
 
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, value: float | None, info: ValidationInfo) -> float | None:
-        if value:
-            raise _unsupported(info.field_name, value)
-        return value
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        if value:
-            raise _unsupported("logit_bias", "{...}")
-        return value
-
     @property
     def prompts(self) -> list[str]:
         return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
 
-    @property
-    def stop_strings(self) -> tuple[str, ...]:
-        if self.stop is None:
-            return ()
-        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-
     def sampling_params(self) -> SamplingParams:
-        # OpenAI's seed is any 64-bit integer; our generators take a non-negative one.
-        seed = None if self.seed is None else self.seed % (1 << 63)
-        return SamplingParams(
-            max_new_tokens=self.max_tokens if self.max_tokens is not None else 16,
-            temperature=self.temperature if self.temperature is not None else 1.0,
-            top_k=max(self.top_k, 0) if self.top_k is not None else 0,
-            top_p=self.top_p if self.top_p is not None else 1.0,
-            seed=seed,
-            stop=self.stop_strings,
-            ignore_eos=bool(self.ignore_eos),
-        )
+        return self.sampling_params_for(self.max_tokens if self.max_tokens is not None else 16)
+
+
+MAX_MESSAGES = 1024
+
+
+class TextPart(_Body):
+    """A content part of a chat message: text only (this server reads no images or audio)."""
+
+    type: Literal["text"]
+    text: Annotated[str, StringConstraints(max_length=MAX_PROMPT_CHARS)]
+
+
+# OpenAI's roles ("function" is deprecated there). Which of them a conversation may use is the
+# chat template's to judge (the default one takes system, user and assistant), as vLLM leaves it.
+ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+class ChatMessage(_Body):
+    """One message of a conversation."""
+
+    role: ChatRole
+    content: Annotated[str, StringConstraints(max_length=MAX_PROMPT_CHARS)] | list[TextPart]
+    name: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
+
+    def for_template(self) -> dict[str, str]:
+        """As the template reads it: text parts joined by newlines (vLLM's "string" content format)."""
+        content = self.content if isinstance(self.content, str) else "\n".join(part.text for part in self.content)
+        message = {"role": self.role, "content": content}
+        if self.name is not None:
+            message["name"] = self.name
+        return message
+
+
+class ResponseFormat(_Body):
+    type: Literal["text"]
+
+
+class ChatCompletionRequest(_OpenAIRequest):
+    """POST /v1/chat/completions. With neither max_completion_tokens nor max_tokens, the
+    reply may run to the end of the context, as vLLM does."""
+
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)  # OpenAI's older name
+    # vLLM's: end the prompt with the template's opening of an assistant reply.
+    add_generation_prompt: StrictBool = True
+    # Parameters of the OpenAI API this server does not implement: neutral values only.
+    logprobs: StrictBool | None = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none"] | None = None
+    parallel_tool_calls: StrictBool | None = None
+
+    @field_validator("max_completion_tokens", "max_tokens", "top_logprobs", mode="before")
+    @classmethod
+    def _own_numbers_only(cls, value: Any) -> Any:
+        return json_number(value)
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, value: bool | None) -> bool | None:
+        if value:
+            raise _unsupported("logprobs", value)
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _no_top_logprobs(cls, value: int | None) -> int | None:
+        if value:
+            raise _unsupported("top_logprobs", value)
+        return value
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        if value:
+            raise _unsupported("tools", "[...]")
+        return value
+
+    @property
+    def asked_tokens(self) -> tuple[str, int] | None:
+        """The output bound the request named, and the field it named it in."""
+        if self.max_completion_tokens is not None:
+            return "max_completion_tokens", self.max_completion_tokens
+        if self.max_tokens is not None:
+            return "max_tokens", self.max_tokens
+        return None
+
+    def conversation(self) -> list[dict[str, str]]:
+        return [message.for_template() for message in self.messages]
 
 
 OpenAIFinishReason = Literal["stop", "length"]
@@ -280,6 +386,50 @@ class Usage(_Response):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+
+
+class ChatReply(_Response):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(_Response):
+    index: int
+    message: ChatReply
+    logprobs: None = None
+    finish_reason: OpenAIFinishReason | None
+
+
+class ChatCompletionResponse(_Response):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+
+
+class ChatDelta(_Response):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(_Response):
+    index: int
+    delta: ChatDelta
+    logprobs: None = None
+    finish_reason: OpenAIFinishReason | None
+
+
+class ChatCompletionChunk(_Response):
+    """One event of a streamed chat completion (declared in the OpenAPI document only)."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
 
 
 class CompletionResponse(_Response):

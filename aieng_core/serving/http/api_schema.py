@@ -13,9 +13,10 @@ tests/e2e/test_api_schema.py holds the running server to this document with sche
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from aieng_core.serving.http.api_models import ErrorBody, ReloadRequest
+from aieng_core.serving.http.api_models import ChatCompletionChunk, ErrorBody, ReloadRequest
 
 ERROR_DESCRIPTIONS = {
     400: "Invalid input: the message names the field, `param` holds its name.",
@@ -90,6 +91,22 @@ EVENT_STREAM: dict[int | str, dict[str, Any]] = {
         "content": {"text/event-stream": {"schema": COMPLETION_EVENT}},
     }
 }
+
+
+def _event_of(component: str) -> dict[str, Any]:
+    """COMPLETION_EVENT with `component` in place of CompletionResponse."""
+    return json.loads(json.dumps(COMPLETION_EVENT).replace("/CompletionResponse", f"/{component}"))
+
+
+CHAT_EVENT_STREAM: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The chat completion; with `stream: true`, server-sent events of chat.completion.chunk "
+        "objects (the role first, then content deltas, the finish reason with the last) ending `data: [DONE]`.",
+        "content": {"text/event-stream": {"schema": _event_of("ChatCompletionChunk")}},
+    }
+}
+# Named by CHAT_EVENT_STREAM but by no handler's response_model: added to the components here.
+DECLARED_ONLY = (ChatCompletionChunk,)
 ADMIN_SCHEME = "AdminToken"
 # The admin handler reads its body itself (the token is checked before the body is read).
 ADMIN_OPERATION: dict[str, Any] = {
@@ -103,6 +120,8 @@ SAMPLING_BOUNDS = (
     ("GenerateRequest", "max_new_tokens"),
     ("SamplingOptions", "max_new_tokens"),
     ("CompletionRequest", "max_tokens"),
+    ("ChatCompletionRequest", "max_tokens"),
+    ("ChatCompletionRequest", "max_completion_tokens"),
 )
 FASTAPI_VALIDATION_SCHEMAS = ("HTTPValidationError", "ValidationError")
 
@@ -128,6 +147,12 @@ def finish_openapi(schema: dict[str, Any], max_context: int) -> dict[str, Any]:
             for response in responses.values():
                 response["headers"] = {**response.get("headers", {}), **RESPONSE_HEADERS}
     components = schema.setdefault("components", {})
+    schemas = components.setdefault("schemas", {})
+    for declared_model in DECLARED_ONLY:
+        declared = declared_model.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, definition in declared.pop("$defs", {}).items():
+            schemas.setdefault(name, definition)
+        schemas.setdefault(declared_model.__name__, declared)
     for name in FASTAPI_VALIDATION_SCHEMAS:
         components.get("schemas", {}).pop(name, None)
 

@@ -115,7 +115,11 @@ class Generation:
         return of_replica(self.replica)
 
     def submit(
-        self, request_id: str, prompts: Sequence[str], params: SamplingParams, rename: dict[str, str] | None = None
+        self,
+        request_id: str,
+        prompts: Sequence[str | Sequence[int]],
+        params: SamplingParams,
+        rename: dict[str, str] | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()
         engine_loop = self.replica.loop
@@ -259,6 +263,27 @@ def begin(
     replica taken is the one the response names (X-Aieng-Bundle-Id), whatever is served by then.
     `stream`: the caller reads every output (generation.next()); else only the final ones
     (run_to_end)."""
+
+    def prepare(replica: Replica) -> tuple[Sequence[str], SamplingParams]:
+        return prompts, checked_params(lambda: params_for(replica.defaults), rename)
+
+    return begin_with(state, request_id, prepare, model, rename, stream)
+
+
+Prepared = tuple[Sequence[str | Sequence[int]], SamplingParams]
+
+
+def begin_with(
+    state: ServingState,
+    request_id: str,
+    prepare: Callable[[Replica], Prepared],
+    model: str | None = None,
+    rename: dict[str, str] | None = None,
+    stream: bool = False,
+) -> Generation:
+    """begin() for a request whose prompts, too, depend on the replica that answers (a chat
+    is rendered through that replica's bundle's template): `prepare(replica)` gives the
+    prompts (text or token ids) and the sampling parameters, or raises the ApiError to answer."""
     arrival = time.monotonic()
     replica = state.acquire()
     generation = Generation(state, replica, arrival, stream)
@@ -267,7 +292,7 @@ def begin(
         context.provenance = generation.provenance
     try:
         check_model(model, replica)
-        params = checked_params(lambda: params_for(replica.defaults), rename)
+        prompts, params = prepare(replica)
         generation.submit(request_id, prompts, params, rename)
     except BaseException:
         generation.close()

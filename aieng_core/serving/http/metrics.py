@@ -95,7 +95,7 @@ REJECT_REASONS = ("overloaded", "draining", "not_ready", "timeout")
 
 # The endpoints counted by path in aieng_http_requests_total (anything else is "other", so a
 # scanner cannot grow the label set).
-GENERATION_ENDPOINTS = ("/generate", "/predict", "/v1/completions")
+GENERATION_ENDPOINTS = ("/generate", "/predict", "/v1/completions", "/v1/chat/completions")
 ENDPOINTS = (
     *GENERATION_ENDPOINTS,
     "/v1/models",

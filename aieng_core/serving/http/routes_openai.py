@@ -1,27 +1,45 @@
-"""The OpenAI-compatible API: POST /v1/completions (streamed or not) and GET /v1/models, as
-the official `openai` client calls them."""
+"""The OpenAI-compatible API: POST /v1/completions and /v1/chat/completions (streamed or not)
+and GET /v1/models, as the official `openai` client calls them."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends
 from starlette.requests import Request as HttpRequest
 
+from aieng_core.serving.chat_template import ChatTemplateError
 from aieng_core.serving.http.api_models import (
+    ChatChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatReply,
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
     ModelCard,
     ModelList,
 )
-from aieng_core.serving.http.api_schema import EVENT_STREAM, error_responses
-from aieng_core.serving.http.errors import ClientGone, checked_params
-from aieng_core.serving.http.generation import begin, finish_reason, run_to_end, usage
+from aieng_core.serving.http.api_schema import CHAT_EVENT_STREAM, EVENT_STREAM, error_responses
+from aieng_core.serving.http.errors import ApiError, ClientGone, checked_params
+from aieng_core.serving.http.generation import (
+    Generation,
+    Prepared,
+    begin,
+    begin_with,
+    finish_reason,
+    run_to_end,
+    usage,
+)
 from aieng_core.serving.http.logs import request_id_for
+from aieng_core.serving.http.replica import Replica
 from aieng_core.serving.http.state import ServingState, serving_state
-from aieng_core.serving.http.streaming import client_gone, stream_completion
+from aieng_core.serving.http.streaming import ChatChunks, CompletionChunks, client_gone, stream_completion
+
+if TYPE_CHECKING:
+    from aieng_core.serving.engine import RequestOutput
 
 # How OpenAI's API spells the engine's field names in its errors.
 OPENAI_NAMES = {"max_new_tokens": "max_tokens"}
@@ -43,22 +61,96 @@ async def completions(
     generation = begin(
         state, request_id, body.prompts, lambda _bundle_defaults: params, body.model, OPENAI_NAMES, bool(body.stream)
     )
+
+    def whole(created: int, model: str, outputs: list[RequestOutput]) -> CompletionResponse:
+        return CompletionResponse(
+            id=f"cmpl-{request_id}",
+            created=created,
+            model=model,
+            choices=[
+                CompletionChoice(index=i, text=o.text, finish_reason=finish_reason(o)) for i, o in enumerate(outputs)
+            ],
+            usage=usage(outputs),
+        )
+
+    return await answer(request, generation, request_id, body, CompletionChunks(), whole)
+
+
+async def answer(
+    request: HttpRequest,
+    generation: Generation,
+    request_id: str,
+    body: CompletionRequest | ChatCompletionRequest,
+    shape: CompletionChunks | ChatChunks,
+    whole: Callable[[int, str, list[RequestOutput]], Any],
+) -> Any:
+    """Stream the generation in `shape`'s chunks, or wait for it and answer `whole(created,
+    model, outputs)`; the model named is the bundle that answers."""
     created = int(time.time())
     model = generation.replica.bundle_id
     if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return await stream_completion(request, generation, request_id, created, model, include_usage)
+        return await stream_completion(request, generation, request_id, created, model, body.include_usage, shape)
     try:
         outputs = await run_to_end(request, generation, request_id)
     except ClientGone:
         return client_gone()
-    return CompletionResponse(
-        id=f"cmpl-{request_id}",
-        created=created,
-        model=model,
-        choices=[CompletionChoice(index=i, text=o.text, finish_reason=finish_reason(o)) for i, o in enumerate(outputs)],
-        usage=usage(outputs),
+    return whole(created, model, outputs)
+
+
+def chat_prompt(body: ChatCompletionRequest, replica: Replica) -> Prepared:
+    """The conversation rendered through the answering replica's chat template, as token ids,
+    and its sampling parameters; a 400 naming the problem when the bundle has no template or
+    the template refuses the conversation."""
+    template = replica.bundle.chat_template
+    if template.source is None:
+        raise ApiError(
+            400,
+            f"bundle {replica.bundle_id} has no chat template (bundle.chat_template is null), so it cannot "
+            "answer chat completions; use /v1/completions",
+            "invalid_request_error",
+            param="messages",
+            code="no_chat_template",
+        )
+    try:
+        text = template.render(body.conversation(), body.add_generation_prompt)
+    except ChatTemplateError as exc:
+        raise ApiError(400, str(exc), "invalid_request_error", param="messages", code="chat_template_error") from None
+    ids = replica.loop.engine.encode(text)
+    asked = body.asked_tokens
+    # Unbounded: to the end of the context (at least 1, so an over-long prompt gets the engine's own error).
+    name, tokens = asked if asked is not None else ("max_completion_tokens", max(replica.max_context - len(ids), 1))
+    params = checked_params(lambda: body.sampling_params_for(tokens), rename={"max_new_tokens": name})
+    return [ids], params
+
+
+@router.post(
+    "/v1/chat/completions",
+    response_model=ChatCompletionResponse,
+    responses={**CHAT_EVENT_STREAM, **error_responses(400, 404, 413, 429, 500, 503, 504)},
+)
+async def chat_completions(
+    request: HttpRequest, body: ChatCompletionRequest, state: ServingState = Depends(serving_state)
+) -> Any:
+    request_id = request_id_for(body.request_id)
+    asked = body.asked_tokens
+    rename = {"max_new_tokens": asked[0] if asked is not None else "max_completion_tokens"}
+    generation = begin_with(
+        state, request_id, lambda replica: chat_prompt(body, replica), body.model, rename, bool(body.stream)
     )
+
+    def whole(created: int, model: str, outputs: list[RequestOutput]) -> ChatCompletionResponse:
+        return ChatCompletionResponse(
+            id=f"chatcmpl-{request_id}",
+            created=created,
+            model=model,
+            choices=[
+                ChatChoice(index=i, message=ChatReply(content=o.text), finish_reason=finish_reason(o))
+                for i, o in enumerate(outputs)
+            ],
+            usage=usage(outputs),
+        )
+
+    return await answer(request, generation, request_id, body, ChatChunks(), whole)
 
 
 @router.get("/v1/models", response_model=ModelList)

@@ -1,4 +1,4 @@
-"""Server-sent events: the streamed form of /v1/completions.
+"""Server-sent events: the streamed form of /v1/completions and /v1/chat/completions.
 
 The stream is answered only once the first output exists, so that a full queue, a deadline
 passed in the queue or a client gone early still get their status codes; after that, an
@@ -67,10 +67,44 @@ class EventStream(StreamingResponse):
             self.on_close()
 
 
+class CompletionChunks:
+    """OpenAI's `text_completion` chunks: one per new piece of text."""
+
+    object = "text_completion"
+    id_prefix = "cmpl-"
+
+    def opening(self) -> dict[str, Any] | None:
+        return None
+
+    def choice(self, index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+
+class ChatChunks:
+    """OpenAI's `chat.completion.chunk`s: the role first (empty content), then a delta per new
+    piece of text, the finish reason with the last one (an empty delta when it brings no text)."""
+
+    object = "chat.completion.chunk"
+    id_prefix = "chatcmpl-"
+
+    def opening(self) -> dict[str, Any] | None:
+        return {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+
+    def choice(self, index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+        delta = {"content": text} if text else {}
+        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+
 async def stream_completion(
-    request: HttpRequest, generation: Generation, request_id: str, created: int, model: str, include_usage: bool
+    request: HttpRequest,
+    generation: Generation,
+    request_id: str,
+    created: int,
+    model: str,
+    include_usage: bool,
+    shape: CompletionChunks | ChatChunks,
 ) -> Response:
-    """The completion as OpenAI's `text_completion` chunks, one per new piece of text."""
+    """The generation as server-sent events in `shape`'s chunks."""
     try:
         first = await unless_disconnected(request, generation.next())
     except ClientGone:
@@ -85,11 +119,10 @@ async def stream_completion(
         generation.close()
         raise failure
 
-    def chunk(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
-        choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    def payload_of(choice: dict[str, Any]) -> dict[str, Any]:
         payload: dict[str, Any] = {
-            "id": f"cmpl-{request_id}",
-            "object": "text_completion",
+            "id": f"{shape.id_prefix}{request_id}",
+            "object": shape.object,
             "created": created,
             "model": model,
             "choices": [choice],
@@ -98,14 +131,18 @@ async def stream_completion(
             payload["usage"] = None
         return payload
 
+    def chunk(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+        return payload_of(shape.choice(index, text, finish_reason))
+
     named = stream_field(generation.provenance)
 
     async def events() -> AsyncIterator[str]:
         # Every output already queued is written in one go: one write per wake-up, not per token.
         batch = [first]
         finals: set[int] = set()
+        opening = shape.opening()
+        pieces: list[str] = [] if opening is None else [sse(payload_of(opening))]
         while True:
-            pieces: list[str] = []
             ended = False
             for index, output in batch:
                 failure = unfinished_error([output], request_id)
@@ -130,6 +167,7 @@ async def stream_completion(
                     break
             if pieces:
                 yield "".join(pieces)
+                pieces = []
             if ended:
                 break
             try:

@@ -186,7 +186,8 @@ def test_golden_continuations_are_the_bundles(report: dict[str, Any], serving_bu
     """Greedy through the same engine on CPU: the report's goldens are those the bundle recorded."""
     golden = json.loads(serving_bundle_artifact.bundle.file(GOLDEN_FILE).read_text(encoding="utf-8"))
     assert [g["prompt"] for g in report["golden"]] == ["The data pipeline", "数据清洗", "A model"]
-    assert report["golden"] == golden["outputs"]
+    # The report has the prompts; the bundle also its golden conversations, after them.
+    assert report["golden"] == [g for g in golden["outputs"] if "messages" not in g]
 
 
 @pytest.fixture(scope="module")

@@ -51,7 +51,8 @@ def test_recording_is_independent_of_the_batch(serving_bundle_artifact: BundledH
     with torch_threads(doc["threads"]):
         for golden in doc["outputs"]:
             [alone] = greedy_continuations(engine, [golden["prompt"]], golden["max_new_tokens"])
-            assert alone == golden
+            # A conversation's entry also keeps the messages its prompt was rendered from.
+            assert alone == {key: value for key, value in golden.items() if key != "messages"}
 
 
 def test_replay_flags_exactly_the_changed_golden(serving_bundle_artifact: BundledHome) -> None:
@@ -67,7 +68,11 @@ def test_replay_flags_exactly_the_changed_golden(serving_bundle_artifact: Bundle
     )
     with torch_threads(doc["threads"]):
         results = replay_goldens(engine, changed)
-    assert [r["ok"] for r in results] == [True, False, True]
+    # The prompts, then the two golden conversations (replayed without a template here: their
+    # prompts are still generated, but nothing can render them again, so they fail).
+    assert [r["ok"] for r in results] == [True, False, True, False, False]
+    assert [r["conversation"] for r in results] == [False, False, False, True, True]
+    assert [r["rendered_match"] for r in results] == [True, True, True, False, False]
     assert results[1]["got_token_ids"] == doc["outputs"][1]["token_ids"]
     assert results[1]["expected_token_ids"] == changed[1]["token_ids"]
     assert replay_goldens(engine, []) == []

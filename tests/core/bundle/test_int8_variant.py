@@ -84,7 +84,8 @@ def test_the_variant_names_its_float32_source_and_the_method(variant: Variant) -
 def test_the_variant_verifies_and_loads_as_int8(variant: Variant) -> None:
     report = verify_bundle(variant.bundle.path)
     assert report["ok"], report["problems"]
-    assert len(report["goldens"]) == len(variant.config.bundle.golden_prompts)
+    recipe = variant.config.bundle
+    assert len(report["goldens"]) == len(recipe.golden_prompts) + len(recipe.golden_conversations)
     loaded = load_bundle(variant.bundle.path)
     assert int8_weights.is_int8_model(loaded.model)
 

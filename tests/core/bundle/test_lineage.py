@@ -8,6 +8,7 @@ import pytest
 
 from aieng_core import asset_keys
 from aieng_core.hashing import sha256_file
+from aieng_core.serving.chat_template import template_sha256
 from aieng_core.store import ArtifactNotFound
 from aieng_core.store.lineage import lineage_summary, upstream
 from tests.bundle_fixtures import BundledHome
@@ -61,8 +62,10 @@ def test_the_manifest_carries_the_lineage_summary(serving_bundle_artifact: Bundl
         "raw_documents": sorted(store.require_current(asset_keys.RAW_DOCUMENTS, p).id for p in DEMO_PARTITIONS),
         "raw_source_files": 5,
         "artifacts": 13,  # the report, model, dataset, tokenizer, and 3 x (tokenized, clean, raw)
+        # The bundle's own part: what renders a chat's prompt.
+        "chat_template_sha256": template_sha256(serving_bundle_artifact.config.bundle.chat_template),
     }
-    assert lineage_summary(store, report) == summary
+    assert {**lineage_summary(store, report), "chat_template_sha256": bundle.metrics["chat_template_sha256"]} == summary
 
 
 def test_a_missing_upstream_artifact_is_named(serving_bundle_artifact: BundledHome, copy_bundled_home) -> None:

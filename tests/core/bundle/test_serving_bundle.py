@@ -27,7 +27,7 @@ from aieng_core.hashing import sha256_file, sha256_json
 from aieng_core.model.hf_files import CONFIG_FILE, GENERATION_CONFIG_FILE, MODEL_FILE
 from aieng_core.store import Artifact, ArtifactNotFound, DamagedInput
 from aieng_core.store.artifacts import MANIFEST
-from aieng_core.tokenizer.bpe import TOKENIZER_FILES
+from aieng_core.tokenizer.bpe import TOKENIZER_CONFIG_FILE, TOKENIZER_FILES
 from tests.bundle_fixtures import BundledHome, craft_model
 
 
@@ -47,7 +47,12 @@ def test_bundle_holds_the_model_files_serving_json_goldens_and_benchmark(
     assert BENCHMARK_FILE == REPORT_FILE == "benchmark.json"
     assert sorted(p.name for p in bundle.path.iterdir()) == sorted([*BUNDLE_FILES, BENCHMARK_FILE, MANIFEST])
     assert set(bundle.manifest["files"]) == {*BUNDLE_FILES, BENCHMARK_FILE}
-    for name in MODEL_FILES:  # byte for byte the model artifact's files
+    for name in MODEL_FILES:  # byte for byte the model artifact's files, but for the chat template
+        if name == TOKENIZER_CONFIG_FILE:
+            served = json.loads(bundle.file(name).read_text(encoding="utf-8"))
+            assert served.pop("chat_template") == serving_bundle_artifact.config.bundle.chat_template
+            assert served == json.loads(model.file(name).read_text(encoding="utf-8"))
+            continue
         assert bundle.file(name).read_bytes() == model.file(name).read_bytes(), name
     assert bundle.file(BENCHMARK_FILE).read_bytes() == benchmark_report_artifact.file(REPORT_FILE).read_bytes()
     # The content hash is of the served files; benchmark.json is listed (and verified) beside them.
@@ -78,8 +83,12 @@ def test_golden_file_records_prompts_threads_and_limits(serving_bundle_artifact:
     assert golden["device"] == "cpu"
     assert golden["threads"] == bundle.manifest["metrics"]["golden_threads"] >= 1
     # Every golden waits at once: the server's queue length is not the bundle's to record.
-    assert golden["engine_limits"] == {"max_batch": 16, "max_context": 64, "max_waiting": 3, "max_prefill_tokens": 512}
-    assert [o["prompt"] for o in golden["outputs"]] == ["The data pipeline", "数据清洗", "A model"]
+    assert golden["engine_limits"] == {"max_batch": 16, "max_context": 64, "max_waiting": 5, "max_prefill_tokens": 512}
+    assert [o["prompt"] for o in golden["outputs"][:3]] == ["The data pipeline", "数据清洗", "A model"]
+    assert [o["prompt"] for o in golden["outputs"][3:]] == [
+        "### user\nWhat does the pipeline do?\n\n### assistant\n",
+        "### system\nBe brief.\n\n### user\n数据清洗?\n\n### assistant\n",
+    ]
     assert all(o["max_new_tokens"] == 8 for o in golden["outputs"])
 
 
@@ -102,7 +111,11 @@ def test_manifest_inputs_recipe_and_metrics(
     assert metrics["benchmark"] == report.metrics
     assert metrics["benchmark"]["model_checkpoint_id"] == model.id
     assert metrics["parameters"] == model.metrics["parameters"]
-    assert (metrics["golden_prompts"], metrics["files"]) == (3, len(BUNDLE_FILES) + 1)
+    assert (metrics["golden_prompts"], metrics["golden_conversations"], metrics["files"]) == (
+        3,
+        2,
+        len(BUNDLE_FILES) + 1,
+    )
     assert metrics["bytes"] == sum(bundle.file(name).stat().st_size for name in bundle.manifest["files"])
     # fp32 keys and values: 2 layers x 16 slots x 2 kv-heads x (64 + 1 scratch) positions x 16 dims x 4 bytes, x2
     assert metrics["kv_cache_bytes"] == 2 * 2 * 16 * 2 * 65 * 16 * 4
@@ -119,8 +132,14 @@ def test_same_inputs_config_and_code_reuse_the_bundle(serving_bundle_artifact: B
 
 @pytest.mark.parametrize(
     "changes",
-    [{"golden_max_new_tokens": 4}, {"max_batch": 8}, {"golden_threads": 1}, {"default_temperature": 0.7}],
-    ids=["goldens", "limits", "golden-threads", "request-defaults"],
+    [
+        {"golden_max_new_tokens": 4},
+        {"max_batch": 8},
+        {"golden_threads": 1},
+        {"default_temperature": 0.7},
+        {"chat_template": "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"},
+    ],
+    ids=["goldens", "limits", "golden-threads", "request-defaults", "chat-template"],
 )
 def test_a_recipe_change_makes_a_new_bundle(
     serving_bundle_artifact: BundledHome, copy_bundled_home, changes: dict
@@ -134,7 +153,15 @@ def test_a_recipe_change_makes_a_new_bundle(
     assert store.verify(store.get(KIND, serving_bundle_artifact.bundle.id)) == []  # the old one is untouched
     if "golden_max_new_tokens" in changes:
         golden = json.loads(new.file(GOLDEN_FILE).read_text(encoding="utf-8"))
-        assert [len(o["token_ids"]) <= 4 for o in golden["outputs"]] == [True] * 3
+        assert [len(o["token_ids"]) <= 4 for o in golden["outputs"]] == [True] * 5
+    if "chat_template" in changes:
+        tokenizer_config = json.loads(new.file("tokenizer_config.json").read_text(encoding="utf-8"))
+        assert tokenizer_config["chat_template"] == changes["chat_template"]
+        golden = json.loads(new.file(GOLDEN_FILE).read_text(encoding="utf-8"))
+        assert [o["prompt"] for o in golden["outputs"][3:]] == [
+            "What does the pipeline do?\n",
+            "Be brief.\n数据清洗?\n",
+        ]
 
 
 def test_a_recipe_key_the_report_does_not_read_keeps_the_report(

@@ -42,7 +42,14 @@ def test_an_intact_bundle_verifies(serving_bundle_artifact: BundledHome) -> None
         "problems": [],
         "files_checked": len(BUNDLE_FILES) + 1,  # and benchmark.json
         "goldens": [
-            {"prompt": g["prompt"], "ok": True, "expected_text": g["text"], "got_text": g["text"]} for g in golden
+            {
+                "prompt": g["prompt"],
+                "conversation": "messages" in g,
+                "ok": True,
+                "expected_text": g["text"],
+                "got_text": g["text"],
+            }
+            for g in golden
         ],
     }
 
@@ -137,10 +144,11 @@ def test_a_changed_golden_is_caught_by_the_replay_naming_the_prompt(
     report = verify_bundle(path)
     assert report["ok"] is False
     assert report["problems"] == [expected]
-    assert [(g["prompt"], g["ok"]) for g in report["goldens"]] == [
-        ("The data pipeline", True),
-        ("数据清洗", False),
-        ("A model", True),
+    assert [(g["prompt"], g["conversation"], g["ok"]) for g in report["goldens"]] == [
+        ("The data pipeline", False, True),
+        ("数据清洗", False, False),
+        ("A model", False, True),
+        *[(g["prompt"], True, True) for g in doc["outputs"][3:]],
     ]
     with pytest.raises(BundleVerificationError) as refused:
         load_bundle(path)
@@ -208,3 +216,31 @@ def test_a_bundle_from_before_the_recipe_split_still_loads(serving_bundle_artifa
     assert verify_bundle(path)["ok"] is True
     loaded = load_bundle(path)
     assert loaded.make_engine(max_waiting=32).limits.max_waiting == 32
+
+
+@pytest.mark.parametrize("change", ["changed", "removed"])
+def test_a_chat_template_that_no_longer_renders_the_golden_conversations_is_caught(
+    serving_bundle_artifact: BundledHome, copy_bundle, change: str
+) -> None:
+    path = copy_bundle(serving_bundle_artifact.bundle)
+    config_path = path / "tokenizer_config.json"
+    tokenizer_config = json.loads(config_path.read_text(encoding="utf-8"))
+    if change == "changed":
+        tokenizer_config["chat_template"] = tokenizer_config["chat_template"].replace("### ", "## ")
+    else:
+        del tokenizer_config["chat_template"]
+    config_path.write_text(json.dumps(tokenizer_config), encoding="utf-8")
+    rehash(path, "tokenizer_config.json")
+    golden = json.loads((path / GOLDEN_FILE).read_text(encoding="utf-8"))["outputs"]
+    conversations = [g for g in golden if "messages" in g]
+    assert len(conversations) == 2
+    report = verify_bundle(path)
+    assert report["problems"] == [
+        f"{path / GOLDEN_FILE}: golden conversation {g['prompt']!r}: its messages no longer render to the recorded "
+        "prompt through the bundle's chat template (tokenizer_config.json chat_template missing, changed, or "
+        "rendered differently)"
+        for g in conversations
+    ]
+    assert [g["ok"] for g in report["goldens"]] == ["messages" not in g for g in golden]
+    with pytest.raises(BundleVerificationError, match="golden conversation"):
+        load_bundle(path)

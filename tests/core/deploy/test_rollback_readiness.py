@@ -47,7 +47,7 @@ def test_check_rollback_of_a_ready_target(
         "problems": [],
         "goldens_checked": goldens_of(pair),
     }
-    assert goldens_of(pair) == 3 and result["seconds"] > 0 and result["checked_at"].endswith("+00:00")
+    assert goldens_of(pair) == 5 and result["seconds"] > 0 and result["checked_at"].endswith("+00:00")
     assert read_check(deploy_home) == result  # what every view reads
     assert check_path(deploy_home) == deploy_home / "deployments" / "production" / "rollback-check.json"
     after = snapshot(deploy_home / "deployments" / "production")
@@ -56,7 +56,7 @@ def test_check_rollback_of_a_ready_target(
     code, out, err = aieng(capsys, deploy_home, "deploy", "check-rollback")
     assert (code, err) == (0, "")
     assert out.startswith(
-        f"rollback target of production (sequence 2): {pair.a.id} is ready: re-hashed, loaded, 3 goldens replayed in "
+        f"rollback target of production (sequence 2): {pair.a.id} is ready: re-hashed, loaded, 5 goldens replayed in "
     )
     # status shows it, fresh; a change of the pointer makes it stale (it checked another stack).
     previous = deployments.status()["previous"]
@@ -73,7 +73,7 @@ def test_check_rollback_of_a_ready_target(
     assert lines[3:6] == [
         f"  previous: {pair.a.id} (a rollback makes it current again)",
         "            files: ok",
-        f"            readiness check: ready at {last['checked_at']} (3 goldens replayed)  "
+        f"            readiness check: ready at {last['checked_at']} (5 goldens replayed)  "
         "[stale: the pointer changed since; run it again]",
     ]
 

@@ -87,7 +87,11 @@ def test_a_first_deployment_passes_every_step_and_promotes(gated: Gated) -> None
 
 def test_verify_and_warmup_figures(gated: Gated) -> None:
     verify = gated.first.step("verify").figures
-    assert (verify["goldens_replayed"], verify["goldens_matching"], verify["problems"]) == (3, 3, [])
+    assert (verify["goldens_replayed"], verify["goldens_matching"], verify["problems"]) == (
+        5,
+        5,
+        [],
+    )  # 3 golden prompts, 2 golden conversations
     warmup = gated.first.step("warmup").figures
     assert warmup["device"] == "cpu"
     # configs/tiny.yaml keeps the test servers eager (tests/core/serving/test_step_graphs.py captures).
@@ -162,7 +166,7 @@ def test_first_deployment_drill_rolls_back_to_no_bundle(gated: Gated) -> None:
     assert drill["first_deployment"] is True and drill["previous_bundle_id"] is None
     for phase in ("promote", "repromote"):
         assert drill[phase]["to"] == a.id
-        assert drill[phase]["goldens"] == {"checked": 3, "matching": 3, "mismatches": []}
+        assert drill[phase]["goldens"] == {"checked": 5, "matching": 5, "mismatches": []}
     assert drill["rollback"] == {**drill["rollback"], "to": None, "readiness": "503 no_deployment"}
     assert drill["traffic"]["failed_requests"] == 0 and drill["traffic"]["ok"] > 0
     assert drill["traffic"]["clients"] == 2
@@ -179,7 +183,7 @@ def test_a_second_bundle_is_drilled_against_the_first_and_compared_with_it(gated
     assert drill["rollback"]["to"] == a.id
     # Every phase checked its bundle's own goldens over HTTP.
     for phase in ("promote", "rollback", "repromote"):
-        assert drill[phase]["goldens"] == {"checked": 3, "matching": 3, "mismatches": []}, phase
+        assert drill[phase]["goldens"] == {"checked": 5, "matching": 5, "mismatches": []}, phase
     assert drill["traffic"]["failed_requests"] == 0 and drill["traffic"]["expected_no_deployment"] == 0
     status = Deployments(gated.home).status()
     assert status["current"]["bundle_id"] == b.id and status["stack"] == [a.id]

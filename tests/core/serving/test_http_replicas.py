@@ -86,6 +86,32 @@ def other_defaults(serving_bundle_artifact: BundledHome, tmp_path_factory: pytes
     return bundle.path
 
 
+@pytest.fixture(scope="module")
+def no_chat_template(serving_bundle_artifact: BundledHome, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same model bundled with bundle.chat_template null."""
+    import shutil
+
+    from aieng_core.store import ArtifactStore
+
+    home = tmp_path_factory.mktemp("no-chat-template") / "home"
+    shutil.copytree(serving_bundle_artifact.home, home)
+    config = serving_bundle_artifact.config
+    recipe = config.bundle.model_copy(update={"chat_template": None})
+    bundle = build_serving_bundle(ArtifactStore(home), config.model_copy(update={"bundle": recipe}))
+    assert bundle.metrics["chat_template_sha256"] is None and bundle.metrics["golden_conversations"] == 0
+    return bundle.path
+
+
+def test_a_bundle_without_a_chat_template_answers_chat_with_a_400_saying_so(serve, no_chat_template: Path) -> None:
+    server = serve(no_chat_template)
+    reply = server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
+    assert (reply.status, reply.error_code, reply.error["param"]) == (400, "no_chat_template", "messages")
+    assert "has no chat template" in reply.error["message"]
+    assert server.state.in_flight == 0  # the lease was given back
+    # Completions still answer.
+    assert server.post("/v1/completions", {"prompt": "The data", "max_tokens": 2}).status == 200
+
+
 def swap_when_acquired(state: ServingState, monkeypatch: pytest.MonkeyPatch, replica: Replica) -> None:
     """The next acquire() finds `replica` installed: a reload completed just as a request came in."""
     acquire = state.acquire
