@@ -28,8 +28,9 @@ $(DAGSTER_HOME)/dagster.yaml: configs/dagster.yaml
 	mkdir -p $(DAGSTER_HOME)
 	cp configs/dagster.yaml $@
 
-## run: set up, land demo data, materialize the whole graph (data, model, benchmark, bundle, gate), show what it made
+## run: set up, check the machine (aieng doctor), land demo data, materialize the whole graph (data, model, benchmark, bundle, gate), show what it made
 run: install $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/aieng doctor
 	$(BIN)/aieng demo-data --if-missing
 	$(BIN)/dg launch --assets '*' --partition-range $(DEMO_RANGE) || { \
 	  echo "make run: materializing the model and bundle once more (a model stopped by training.max_minutes resumes where it stopped; a partial model is never bundled)" >&2; \

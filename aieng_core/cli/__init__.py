@@ -10,7 +10,7 @@ import logging
 import os
 import sys
 
-from aieng_core.cli import bench, bundle, data, deploy, lineage, model, serve, store
+from aieng_core.cli import bench, bundle, data, deploy, doctor, lineage, model, serve, store
 from aieng_core.store import ArtifactIntegrityError, ArtifactNotFound
 
 # Errors a user can act on: printed as one line, never as a traceback (a bad config's
@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", help="YAML config (default: $AIENG_CONFIG or configs/pipeline.yaml)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (data, model, bundle, serve, deploy, lineage, store, bench):
+    for group in (data, model, bundle, serve, deploy, lineage, store, bench, doctor):
         group.add_parsers(commands)
     return parser
 

@@ -1,0 +1,1 @@
+"""`aieng doctor`: this machine's resources against what the configuration needs."""
