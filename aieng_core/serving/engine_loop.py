@@ -14,10 +14,14 @@ import threading
 from collections.abc import Callable, Sequence
 
 from aieng_core.serving.engine import Engine, EngineStats, RequestOutput, StepStats
-from aieng_core.serving.request import Request, RequestStatus, SamplingParams
+from aieng_core.serving.request import Request, RequestError, RequestStatus, SamplingParams
 from aieng_core.serving.scheduler import EngineStopped, QueueFull
 
 log = logging.getLogger("aieng.serving.engine")
+
+# What submit_all takes for each request: its id, prompt (text or token ids), parameters, and
+# the sink its outputs are handed to.
+Submission = tuple[str, "str | Sequence[int]", SamplingParams, Callable[[RequestOutput], None]]
 
 
 class EngineLoop:
@@ -57,15 +61,30 @@ class EngineLoop:
         params: SamplingParams,
         sink: Callable[[RequestOutput], None],
     ) -> Request:
-        request = self.engine.prepare(request_id, prompt, params)  # RequestError here, in the caller's thread
+        return self.submit_all([(request_id, prompt, params, sink)])[0]
+
+    def submit_all(self, items: Sequence[Submission]) -> list[Request]:
+        """Queue every (request id, prompt, params, sink) or none: each is checked first
+        (RequestError, in the caller's thread), then all are queued if the waiting queue has
+        room for all (else QueueFull, and nothing was queued). More than the queue can ever
+        hold is a RequestError naming the limit: retrying could never succeed."""
+        limit = self.engine.limits.max_waiting
+        if len(items) > limit:
+            raise RequestError(
+                "prompt",
+                f"{len(items)} prompts in one request is more than the waiting queue can ever hold "
+                f"(serving.max_waiting {limit}); send at most {limit}",
+            )
+        requests = [self.engine.prepare(request_id, prompt, params) for request_id, prompt, params, _ in items]
         with self._lock:
             if self._stopping:
                 raise EngineStopped("the engine loop is stopped")
-            if len(self._inbox) + self.engine.scheduler.num_waiting >= self.engine.limits.max_waiting:
-                raise QueueFull(f"{self.engine.limits.max_waiting} requests are already waiting")
-            self._inbox.append((request, sink))
+            waiting = len(self._inbox) + self.engine.scheduler.num_waiting
+            if waiting + len(requests) > limit:
+                raise QueueFull(f"{waiting} of {limit} requests are already waiting; {len(requests)} more do not fit")
+            self._inbox.extend((request, sink) for request, (_, _, _, sink) in zip(requests, items))
             self._wake.notify()
-        return request
+        return requests
 
     def stats(self) -> EngineStats:
         stats = self.engine.stats()

@@ -10,7 +10,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+)
 
 from aieng_core.serving.request import FinishReason, SamplingParams
 
@@ -31,6 +40,10 @@ REQUEST_ID_PATTERN = r"^[A-Za-z0-9._:\-/]{1,128}$"
 
 RequestId = Annotated[str, StringConstraints(pattern=REQUEST_ID_PATTERN)]
 Prompt = Annotated[str, StringConstraints(min_length=1, max_length=MAX_PROMPT_CHARS)]
+# A prompt given as token ids (OpenAI's, and vLLM's, other prompt form); the engine checks each
+# against the vocabulary and the whole against max_context.
+MAX_PROMPT_IDS = 1 << 20
+TokenIds = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1, max_length=MAX_PROMPT_IDS)]
 StopString = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_CHARS)]
 
 
@@ -233,7 +246,8 @@ class _OpenAIRequest(_Body):
 class CompletionRequest(_OpenAIRequest):
     """POST /v1/completions."""
 
-    prompt: Prompt | list[Prompt]
+    # Text, a list of texts, token ids, or a list of token-id lists: one choice per prompt.
+    prompt: Prompt | list[Prompt] | TokenIds | list[TokenIds]
     max_tokens: int | None = Field(default=16, ge=1, le=MAX_NEW_TOKENS)
     best_of: int | None = Field(default=None, ge=1, le=128)
     logprobs: int | None = Field(default=None, ge=0, le=20)
@@ -247,8 +261,10 @@ class CompletionRequest(_OpenAIRequest):
 
     @field_validator("prompt")
     @classmethod
-    def _prompt_list_bounded(cls, value: str | list[str]) -> str | list[str]:
-        if isinstance(value, list) and not 1 <= len(value) <= MAX_PREDICT_INPUTS:
+    def _prompt_list_bounded(cls, value: Any) -> Any:
+        if isinstance(value, list) and not value:
+            raise ValueError("a prompt list holds at least one prompt")
+        if isinstance(value, list) and not isinstance(value[0], int) and len(value) > MAX_PREDICT_INPUTS:
             raise ValueError(f"a prompt list holds 1 to {MAX_PREDICT_INPUTS} prompts, got {len(value)}")
         return value
 
@@ -274,8 +290,12 @@ class CompletionRequest(_OpenAIRequest):
         return value
 
     @property
-    def prompts(self) -> list[str]:
-        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per choice: a text or a list of token ids."""
+        prompt = self.prompt
+        if isinstance(prompt, str) or isinstance(prompt[0], int):
+            return [prompt]
+        return list(prompt)
 
     def sampling_params(self) -> SamplingParams:
         return self.sampling_params_for(self.max_tokens if self.max_tokens is not None else 16)

@@ -18,8 +18,9 @@ from aieng_core.serving.http import routes_admin, routes_native, routes_openai, 
 from aieng_core.serving.http.api_models import error_body
 from aieng_core.serving.http.api_schema import finish_openapi
 from aieng_core.serving.http.config_watch import ConfigWatch
-from aieng_core.serving.http.errors import ApiError, validation_error
+from aieng_core.serving.http.errors import ApiError, refused, validation_error
 from aieng_core.serving.http.following import PointerTarget, follow_pointer
+from aieng_core.serving.http.logs import note_refusal
 from aieng_core.serving.http.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from aieng_core.serving.http.state import ServingState
 from aieng_core.store.request_log import RequestLog
@@ -75,18 +76,19 @@ def create_app(
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
         if exc.status == 500:
             log.error("%s: %s", exc.type, exc.message)
-        return exc.response()
+        return refused(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         skip = 1 if errors and errors[0].get("loc", ("",))[0] == "body" else 0
-        return validation_error(errors, skip).response()
+        return refused(validation_error(errors, skip))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kinds = {404: "not_found_error", 405: "invalid_request_error"}
         message = f"{request.method} {request.url.path}: {exc.detail}"
+        note_refusal(message)
         body = error_body(message, kinds.get(exc.status_code, "invalid_request_error"))
         return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 

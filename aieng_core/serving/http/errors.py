@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi.responses import JSONResponse
 
 from aieng_core.serving.http.api_models import error_body
+from aieng_core.serving.http.logs import note_refusal
 from aieng_core.serving.request import RequestError, SamplingParams
 
 if TYPE_CHECKING:  # the engine (torch) is imported only where it runs: the server answers before it loads
@@ -47,6 +48,12 @@ class ApiError(Exception):
 
 class ClientGone(Exception):
     """The client disconnected before its response was ready."""
+
+
+def refused(error: ApiError) -> JSONResponse:
+    """The error's response, its reason noted for the request's access log line and record."""
+    note_refusal(error.message)
+    return error.response()
 
 
 def unavailable(message: str, code: str) -> ApiError:

@@ -122,25 +122,30 @@ class Generation:
         rename: dict[str, str] | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()
-        engine_loop = self.replica.loop
-        for index, prompt in enumerate(prompts):
-            tracker = RequestTracker(self.state.metrics, time.monotonic)
-            sink = self._sink(loop, index, tracker)
-            engine_id = request_id if len(prompts) == 1 else f"{request_id}-{index}"
-            try:
-                self.requests.append(engine_loop.submit(engine_id, prompt, params, sink))
-            except RequestError as exc:
-                raise request_error(exc, rename=rename) from None
-            except QueueFull:
-                self.state.metrics.reject("overloaded")
-                raise queue_full() from None
-            except EngineStopped:
-                # The loop died (or stopped) after this request took its replica: say what
-                # readiness says now, never a 500.
-                self.state.metrics.reject("not_ready")
-                raise self.state.unavailable() or ApiError(
-                    503, "the engine loop stopped after an error", "unavailable", code="engine_failed"
-                ) from None
+        submissions = [
+            (
+                request_id if len(prompts) == 1 else f"{request_id}-{index}",
+                prompt,
+                params,
+                self._sink(loop, index, RequestTracker(self.state.metrics, time.monotonic)),
+            )
+            for index, prompt in enumerate(prompts)
+        ]
+        # Every prompt or none: a refused list leaves no sequence behind.
+        try:
+            self.requests = self.replica.loop.submit_all(submissions)
+        except RequestError as exc:
+            raise request_error(exc, rename=rename) from None
+        except QueueFull:
+            self.state.metrics.reject("overloaded")
+            raise queue_full() from None
+        except EngineStopped:
+            # The loop died (or stopped) after this request took its replica: say what
+            # readiness says now, never a 500.
+            self.state.metrics.reject("not_ready")
+            raise self.state.unavailable() or ApiError(
+                503, "the engine loop stopped after an error", "unavailable", code="engine_failed"
+            ) from None
 
     def _sink(
         self, loop: asyncio.AbstractEventLoop, index: int, tracker: RequestTracker
@@ -251,7 +256,7 @@ def check_model(model: str | None, replica: Replica) -> None:
 def begin(
     state: ServingState,
     request_id: str,
-    prompts: Sequence[str],
+    prompts: Sequence[str | Sequence[int]],
     params_for: Callable[[RequestDefaults], SamplingParams],
     model: str | None = None,
     rename: dict[str, str] | None = None,
@@ -264,7 +269,7 @@ def begin(
     `stream`: the caller reads every output (generation.next()); else only the final ones
     (run_to_end)."""
 
-    def prepare(replica: Replica) -> tuple[Sequence[str], SamplingParams]:
+    def prepare(replica: Replica) -> Prepared:
         return prompts, checked_params(lambda: params_for(replica.defaults), rename)
 
     return begin_with(state, request_id, prepare, model, rename, stream)

@@ -56,6 +56,14 @@ def current_context() -> RequestContext | None:
     return _current.get()
 
 
+def note_refusal(reason: str) -> None:
+    """Why the request was refused, for its access log line (`error`) and request log record:
+    the first reason given wins (the one the client was answered with)."""
+    context = _current.get()
+    if context is not None:
+        context.fields.setdefault("error", reason)
+
+
 def current_request_id() -> str | None:
     context = _current.get()
     return context.request_id if context is not None else None

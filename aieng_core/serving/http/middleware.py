@@ -36,7 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aieng_core.serving.http.api_models import REQUEST_ID_PATTERN, error_body
 from aieng_core.serving.http.errors import ApiError
-from aieng_core.serving.http.logs import bind_request, current_context, unbind_request
+from aieng_core.serving.http.logs import bind_request, current_context, note_refusal, unbind_request
 from aieng_core.serving.http.metrics import ENDPOINTS
 from aieng_core.serving.http.provenance import Provenance, served_now
 from aieng_core.serving.http.provenance import headers as provenance_headers
@@ -97,6 +97,7 @@ class RequestContextMiddleware:
                     param="X-Request-ID",
                     code="invalid_value",
                 )
+                note_refusal(error.message)
                 await error.response()(scope, receive, send_with_id)
             else:
                 await self.app(scope, receive, send_with_id)

@@ -23,12 +23,13 @@ from aieng_core.serving.http.api_models import (
     ModelList,
 )
 from aieng_core.serving.http.api_schema import CHAT_EVENT_STREAM, EVENT_STREAM, error_responses
-from aieng_core.serving.http.errors import ApiError, ClientGone, checked_params
+from aieng_core.serving.http.errors import ApiError, ClientGone, checked_params, unavailable
 from aieng_core.serving.http.generation import (
     Generation,
     Prepared,
     begin,
     begin_with,
+    check_model,
     finish_reason,
     run_to_end,
     usage,
@@ -159,3 +160,14 @@ async def models(state: ServingState = Depends(serving_state)) -> Any:
     if replica is None:
         return ModelList(data=[])
     return ModelList(data=[ModelCard(id=replica.bundle_id, created=int(replica.loaded_at))])
+
+
+@router.get("/v1/models/{model}", response_model=ModelCard, responses=error_responses(404, 503))
+async def model_card(model: str, state: ServingState = Depends(serving_state)) -> Any:
+    """The served bundle's card, by its id or the alias (`models.retrieve`); 404 for any other
+    name, as a generation request naming it gets."""
+    replica = state.current
+    if replica is None:
+        raise state.unavailable() or unavailable("no bundle is loaded yet", "loading")
+    check_model(model, replica)
+    return ModelCard(id=model, created=int(replica.loaded_at))

@@ -1,0 +1,135 @@
+"""The OpenAI parameters beyond the basics, through a real `aieng serve` and the official openai
+client: token-id prompts, models.retrieve, a prompt list the queue could never hold (a 400
+that leaves no sequence behind, not a 429 no retry can pass), and the reason of every
+refusal in the request's log line."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from tests.e2e.serve_helpers import Server, poll, start_server
+
+pytestmark = pytest.mark.e2e
+
+MAX_WAITING = 32  # the tiny config's serving.max_waiting
+FINISH_REASONS = ("stop", "length", "cancelled", "timeout", "error")
+
+
+@pytest.fixture(scope="module")
+def prompts(bundle_path: Path) -> list[dict[str, Any]]:
+    golden = json.loads((bundle_path / "golden.json").read_text(encoding="utf-8"))["outputs"]
+    return [entry for entry in golden if "messages" not in entry]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, bundle_path: Path) -> Iterator[Server]:
+    running = start_server(tmp_path_factory.mktemp("openai-parameters"), bundle_path)
+    try:
+        yield running
+    finally:
+        assert running.stop() == 0, running.log_tail()
+
+
+def finished(server: Server) -> float:
+    return sum(server.metric("aieng_request_success_total", finished_reason=r) for r in FINISH_REASONS)
+
+
+def test_token_id_prompts_answer_as_their_text(server: Server, prompts: list[dict[str, Any]]) -> None:
+    client = server.client()
+    for golden in prompts:
+        by_text = client.completions.create(model="aieng", prompt=golden["prompt"], max_tokens=8, temperature=0)
+        by_ids = client.completions.create(model="aieng", prompt=golden["prompt_ids"], max_tokens=8, temperature=0)
+        assert by_ids.choices[0].text == by_text.choices[0].text == golden["text"]
+        assert by_ids.usage.prompt_tokens == len(golden["prompt_ids"])
+    several = client.completions.create(
+        model="aieng", prompt=[g["prompt_ids"] for g in prompts], max_tokens=8, temperature=0
+    )
+    assert [c.index for c in several.choices] == list(range(len(prompts)))
+    assert [c.text for c in several.choices] == [g["text"] for g in prompts]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "says"),
+    [
+        ([10**9], "token ids must be in [0, "),
+        ([-1], "prompt"),
+        ([[1, 2], []], "prompt"),
+        ([True, 2], "prompt"),
+    ],
+    ids=["beyond-the-vocabulary", "negative", "an-empty-list", "a-boolean"],
+)
+def test_bad_token_id_prompts_are_400(server: Server, prompt: list, says: str) -> None:
+    reply = server.post("/v1/completions", {"prompt": prompt, "max_tokens": 2})
+    assert reply.status == 400, reply.body
+    assert reply.error["param"] == "prompt" and says in reply.error["message"]
+
+
+def test_models_retrieve(server: Server, serving_bundle_artifact) -> None:
+    client = server.client()
+    bundle_id = serving_bundle_artifact.bundle.id
+    card = client.models.retrieve(bundle_id)
+    assert (card.id, card.object, card.owned_by) == (bundle_id, "model", "aieng")
+    assert client.models.retrieve("aieng").id == "aieng"
+    with pytest.raises(openai.NotFoundError) as raised:
+        client.models.retrieve("gpt-4o")
+    assert raised.value.body["code"] == "model_not_found"
+
+
+def test_a_prompt_list_the_queue_can_never_hold_is_a_400_leaving_nothing_behind(server: Server) -> None:
+    before = finished(server)
+    too_many = server.post("/v1/completions", {"prompt": ["The data"] * (MAX_WAITING + 8), "max_tokens": 2})
+    assert (too_many.status, too_many.error["param"]) == (400, "prompt"), too_many.body
+    assert f"serving.max_waiting {MAX_WAITING}" in too_many.error["message"]
+    assert "retry-after" not in too_many.headers
+    predict = server.post("/predict", {"inputs": ["The data"] * (MAX_WAITING + 1), "options": {"max_new_tokens": 2}})
+    assert (predict.status, predict.error["param"]) == (400, "inputs"), predict.body
+    # A refused list queued nothing: no sequence was started, so none was counted as cancelled.
+    assert finished(server) == before
+    assert server.metric("aieng_num_requests_waiting") == 0
+    # As many as the queue holds are answered, every one.
+    full = server.post("/v1/completions", {"prompt": ["The data"] * MAX_WAITING, "max_tokens": 2})
+    assert full.status == 200 and len(full.json["choices"]) == MAX_WAITING
+    poll(lambda: finished(server) == before + MAX_WAITING, 30, "the full list to be counted")
+
+
+def test_a_list_with_one_bad_prompt_queues_none_of_them(server: Server) -> None:
+    before = finished(server)
+    reply = server.post("/v1/completions", {"prompt": ["The data", "pipeline " * 80], "max_tokens": 2})
+    assert reply.status == 400 and "max_context" in reply.error["message"], reply.body
+    assert finished(server) == before
+
+
+def test_every_refusal_is_logged_with_its_reason(server: Server) -> None:
+    refusals = [
+        ("/v1/completions", {"prompt": "a", "n": 2}, 400),
+        ("/v1/completions", {"prompt": "a", "model": "gpt-4o"}, 404),
+        ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, 400),
+        ("/generate", {"prompt": "a", "bogus": 1}, 400),
+    ]
+    for index, (path, body, status) in enumerate(refusals):
+        reply = server.post(path, body, headers={"X-Request-ID": f"refused-{index}"})
+        assert reply.status == status, reply.body
+    nope = server.get("/nope")
+    assert nope.status == 404
+
+    def logged() -> dict[str, dict[str, Any]] | None:
+        """The access log line of each refusal, once all are written (None before)."""
+        found = {
+            line["request_id"]: line
+            for line in server.log_lines()
+            if str(line.get("request_id", "")).startswith("refused-") and "status" in line
+        }
+        return found if len(found) == len(refusals) else None
+
+    lines = poll(logged, 10, "the access log lines")
+    for index, (path, _, status) in enumerate(refusals):
+        line = lines[f"refused-{index}"]
+        assert (line["path"], line["status"]) == (path, status)
+        assert line["error"] == server.post(path, refusals[index][1]).error["message"]
+    assert any(line.get("path") == "/nope" and "Not Found" in line.get("error", "") for line in server.log_lines())
