@@ -124,6 +124,8 @@ class Engine:
         vocab = self.model.config.vocab_size
         if any(not 0 <= token < vocab for token in ids):
             raise RequestError("prompt", f"token ids must be in [0, {vocab})")
+        if any(not 0 <= token < vocab for token, _ in params.logit_bias):
+            raise RequestError("logit_bias", f"token ids must be in [0, {vocab})")
         context = self.limits.max_context
         if len(ids) >= context:
             raise RequestError("prompt", f"the prompt is {len(ids)} tokens; max_context is {context}")

@@ -17,6 +17,8 @@ FinishReason = Literal["stop", "length", "cancelled", "timeout", "error"]
 # Temperatures below this sample greedily (vLLM's _SAMPLING_EPS): dividing logits by 1e-40
 # overflows to inf and would make the softmax NaN.
 GREEDY_TEMPERATURE = 1e-5
+MAX_PENALTY = 2.0  # OpenAI's range for presence_penalty and frequency_penalty
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value
 
 
 class RequestError(ValueError):
@@ -47,6 +49,13 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # OpenAI's: subtracted from a token's logit once it has been generated (presence), and per
+    # time it has been generated (frequency), counting this request's output only, as vLLM does.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # (token id, value) added to that token's logit at every step; ids are checked against the
+    # vocabulary by the engine.
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -59,6 +68,19 @@ class SamplingParams:
             raise RequestError("top_p", f"must be in (0, 1], got {self.top_p}")
         if any(not s for s in self.stop):
             raise RequestError("stop", "stop strings must not be empty")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -MAX_PENALTY <= getattr(self, name) <= MAX_PENALTY:  # also refuses NaN
+                raise RequestError(name, f"must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {getattr(self, name)}")
+        for token, value in self.logit_bias:
+            if token < 0 or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+                raise RequestError(
+                    "logit_bias", f"token ids >= 0 and values in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]"
+                )
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether this request changes its logits before picking a token."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
 
     @property
     def greedy(self) -> bool:

@@ -41,6 +41,7 @@ def sample(logits: torch.Tensor, requests: Sequence[Request]) -> list[int]:
         raise ValueError(f"logits of shape {tuple(logits.shape)} do not match {len(requests)} requests")
     if not requests:
         return []
+    logits = adjusted(logits, requests)
     # One argmax over the whole batch: the all-greedy batch (the benchmark path) needs nothing else.
     tokens = torch.argmax(logits, dim=-1).tolist()
     rows = [i for i, request in enumerate(requests) if not request.params.greedy]
@@ -52,6 +53,35 @@ def sample(logits: torch.Tensor, requests: Sequence[Request]) -> list[int]:
         for i, token in zip(rows, sample_rows(logits[rows], sampled), strict=True):
             tokens[i] = token
     return tokens
+
+
+def adjusted(logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
+    """`logits` with each request's logit_bias added and its presence and frequency penalties
+    subtracted (OpenAI's definitions, on the request's output tokens), batched over the rows
+    that have any; the same tensor when none has (the benchmark path pays nothing)."""
+    rows = [i for i, request in enumerate(requests) if request.params.adjusts_logits]
+    if not rows:
+        return logits
+    device, vocab = logits.device, logits.shape[-1]
+    logits = logits.float().clone()
+    # Every (row, token) pair once per generated token: their counts, by index_put accumulation.
+    count_rows = [i for i in rows for _ in requests[i].output_ids]
+    count_tokens = [token for i in rows for token in requests[i].output_ids]
+    if count_rows:
+        counts = torch.zeros(len(requests), vocab, device=device)
+        ones = torch.ones(len(count_rows), device=device)
+        index = (torch.tensor(count_rows, device=device), torch.tensor(count_tokens, device=device))
+        counts.index_put_(index, ones, accumulate=True)
+        frequency = torch.tensor([r.params.frequency_penalty for r in requests], device=device)
+        presence = torch.tensor([r.params.presence_penalty for r in requests], device=device)
+        logits -= frequency[:, None] * counts + presence[:, None] * (counts > 0)
+    bias_rows = [i for i in rows for _ in requests[i].params.logit_bias]
+    if bias_rows:
+        tokens = [token for i in rows for token, _ in requests[i].params.logit_bias]
+        values = [value for i in rows for _, value in requests[i].params.logit_bias]
+        index = (torch.tensor(bias_rows, device=device), torch.tensor(tokens, device=device))
+        logits.index_put_(index, torch.tensor(values, device=device), accumulate=True)
+    return logits
 
 
 def scaled_rows(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:

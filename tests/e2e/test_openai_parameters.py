@@ -133,3 +133,41 @@ def test_every_refusal_is_logged_with_its_reason(server: Server) -> None:
         assert (line["path"], line["status"]) == (path, status)
         assert line["error"] == server.post(path, refusals[index][1]).error["message"]
     assert any(line.get("path") == "/nope" and "Not Found" in line.get("error", "") for line in server.log_lines())
+
+
+def test_logit_bias_and_penalties_through_the_openai_client(
+    server: Server, prompts: list[dict[str, Any]], bundle_path: Path
+) -> None:
+    from aieng_core.tokenizer.bpe import load_tokenizer
+
+    client = server.client()
+    tokenizer = load_tokenizer(bundle_path)
+    [forced] = tokenizer.encode("x", add_special_tokens=False).ids
+    # +100 on one token: greedy picks it at every step, in completions and in chat alike.
+    biased = client.completions.create(
+        model="aieng",
+        prompt=prompts[0]["prompt"],
+        max_tokens=5,
+        temperature=0,
+        logit_bias={str(forced): 100},
+        extra_body={"ignore_eos": True},
+    )
+    assert biased.choices[0].text == "x" * 5
+    chat = client.chat.completions.create(
+        model="aieng",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+        temperature=0,
+        logit_bias={str(forced): 100},
+        extra_body={"ignore_eos": True},
+    )
+    assert chat.choices[0].message.content == "x" * 4
+    # Penalties as large as OpenAI allows change what a repetitive greedy run says.
+    kwargs: dict[str, Any] = {"model": "aieng", "prompt": prompts[0]["prompt"], "max_tokens": 16, "temperature": 0}
+    plain = client.completions.create(**kwargs, extra_body={"ignore_eos": True})
+    penalized = client.completions.create(
+        **kwargs, frequency_penalty=2.0, presence_penalty=2.0, extra_body={"ignore_eos": True}
+    )
+    assert penalized.choices[0].text != plain.choices[0].text
+    out_of_vocabulary = server.post("/v1/completions", {"prompt": "a", "max_tokens": 2, "logit_bias": {"99999": 5}})
+    assert (out_of_vocabulary.status, out_of_vocabulary.error["param"]) == (400, "logit_bias")

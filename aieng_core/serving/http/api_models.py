@@ -178,11 +178,15 @@ class _OpenAIRequest(_Body):
     user: Annotated[str, StringConstraints(max_length=256)] | None = None
     ignore_eos: StrictBool | None = False
     request_id: RequestId | None = None
-    # Parameters of the OpenAI API this server does not implement: neutral values only.
-    n: int | None = Field(default=1, ge=1, le=128)
+    # OpenAI's penalties and logit_bias (keys: token ids as strings), applied as vLLM applies
+    # them: on the logits of each step, the penalties counting the request's output tokens.
     presence_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
     frequency_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
-    logit_bias: dict[str, float] | None = Field(default=None, max_length=1024)
+    # Not implemented yet: its neutral value only.
+    n: int | None = Field(default=1, ge=1, le=128)
+    logit_bias: (
+        dict[Annotated[str, StringConstraints(max_length=12)], Annotated[float, Field(ge=-100, le=100)]] | None
+    ) = Field(default=None, max_length=1024)
 
     @field_validator(
         "temperature", "top_p", "top_k", "seed", "n", "presence_penalty", "frequency_penalty", mode="before"
@@ -205,18 +209,13 @@ class _OpenAIRequest(_Body):
             raise _unsupported(info.field_name, value)
         return value
 
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, value: float | None, info: ValidationInfo) -> float | None:
-        if value:
-            raise _unsupported(info.field_name, value)
-        return value
-
     @field_validator("logit_bias")
     @classmethod
-    def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        if value:
-            raise _unsupported("logit_bias", "{...}")
+    def _logit_bias_by_token_id(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        # OpenAI's keys are token ids as strings; the values are checked by SamplingParams.
+        for key in value or {}:
+            if not key.isdigit():
+                raise ValueError(f"keys are token ids (non-negative integers as strings), got {key!r}")
         return value
 
     @property
@@ -240,6 +239,9 @@ class _OpenAIRequest(_Body):
             seed=seed,
             stop=self.stop_strings,
             ignore_eos=bool(self.ignore_eos),
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            logit_bias=tuple(sorted((int(token), float(value)) for token, value in (self.logit_bias or {}).items())),
         )
 
 

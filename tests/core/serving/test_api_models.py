@@ -28,9 +28,6 @@ def first_error(model: type, body: dict) -> dict:
         ({"prompt": "a", "echo": True}, "echo"),
         ({"prompt": "a", "n": 2}, "n"),
         ({"prompt": "a", "best_of": 2}, "best_of"),
-        ({"prompt": "a", "presence_penalty": 0.1}, "presence_penalty"),
-        ({"prompt": "a", "frequency_penalty": 0.1}, "frequency_penalty"),
-        ({"prompt": "a", "logit_bias": {"1": 2.0}}, "logit_bias"),
         ({"prompt": "a", "suffix": ""}, "suffix"),
         ({"prompt": "a", "stream_options": {"continuous_usage_stats": True}}, "stream_options"),
     ],
@@ -39,6 +36,29 @@ def test_unsupported_openai_parameters_are_named(body: dict, field: str) -> None
     error = first_error(CompletionRequest, body)
     assert error["loc"][0] == field
     assert "not supported" in error["msg"]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"prompt": "a", "presence_penalty": 2.5}, "presence_penalty"),
+        ({"prompt": "a", "frequency_penalty": -2.1}, "frequency_penalty"),
+        ({"prompt": "a", "logit_bias": {"1": 101}}, "logit_bias"),
+        ({"prompt": "a", "logit_bias": {"token": 1}}, "logit_bias"),
+        ({"prompt": "a", "logit_bias": {"-3": 1}}, "logit_bias"),
+    ],
+)
+def test_penalties_and_logit_bias_out_of_openai_ranges_are_named(body: dict, field: str) -> None:
+    assert first_error(CompletionRequest, body)["loc"][0] == field
+
+
+def test_penalties_and_logit_bias_reach_the_sampling_parameters() -> None:
+    request = CompletionRequest.model_validate(
+        {"prompt": "a", "presence_penalty": 0.5, "frequency_penalty": -1, "logit_bias": {"7": 2.5, "3": -100}}
+    )
+    params = request.sampling_params()
+    assert (params.presence_penalty, params.frequency_penalty) == (0.5, -1.0)
+    assert params.logit_bias == ((3, -100.0), (7, 2.5)) and params.adjusts_logits
 
 
 def test_neutral_values_of_unsupported_parameters_are_accepted() -> None:

@@ -218,6 +218,10 @@ def test_make_generator_uses_the_seed_or_fresh_entropy() -> None:
         (lambda: SamplingParams(max_new_tokens=1, top_p=0.0), "top_p"),
         (lambda: SamplingParams(max_new_tokens=1, top_p=1.5), "top_p"),
         (lambda: SamplingParams(max_new_tokens=0), "max_new_tokens"),
+        (lambda: SamplingParams(max_new_tokens=1, presence_penalty=2.5), "presence_penalty"),
+        (lambda: SamplingParams(max_new_tokens=1, frequency_penalty=float("nan")), "frequency_penalty"),
+        (lambda: SamplingParams(max_new_tokens=1, logit_bias=((3, 101.0),)), "logit_bias"),
+        (lambda: SamplingParams(max_new_tokens=1, logit_bias=((-1, 1.0),)), "logit_bias"),
     ],
 )
 def test_invalid_parameters_raise_a_request_error_naming_the_field(build, field: str) -> None:
@@ -245,3 +249,57 @@ def test_inverse_cdf_draws_match_the_probabilities_over_many_draws() -> None:
     for _ in range(6000):
         counts.update(sample(logits, requests))
     assert [abs(counts[i] / 30000 - p) < 0.01 for i, p in enumerate(probs)] == [True] * 5
+
+
+# ---- logit_bias and the presence and frequency penalties (OpenAI's definitions) ----------------
+
+
+def with_output(params: SamplingParams, output: list[int], request_id: str = "r") -> Request:
+    made = request(params, request_id)
+    made.output_ids = list(output)
+    return made
+
+
+def test_logit_bias_moves_only_its_own_row() -> None:
+    logits = random_logits(3, seed=11)
+    plain = sample(logits, [request(SamplingParams(max_new_tokens=1)) for _ in range(3)])
+    target = (plain[1] + 1) % VOCAB
+    biased = request(SamplingParams(max_new_tokens=1, logit_bias=((target, 100.0),)))
+    banned = request(SamplingParams(max_new_tokens=1, logit_bias=((plain[2], -100.0),)))
+    got = sample(logits, [request(SamplingParams(max_new_tokens=1)), biased, banned])
+    assert got[0] == plain[0] and got[1] == target and got[2] != plain[2]
+    assert got[2] == int(torch.topk(logits[2], 2).indices[1])  # the runner-up, once the best is banned
+
+
+def test_frequency_and_presence_penalties_count_the_output_tokens() -> None:
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 5], logits[0, 6] = 3.0, 2.0
+    for params, output, expected in [
+        (SamplingParams(max_new_tokens=1, frequency_penalty=0.6), [5], 5),  # 3 - 0.6 > 2
+        (SamplingParams(max_new_tokens=1, frequency_penalty=0.6), [5, 5], 6),  # 3 - 1.2 < 2
+        (SamplingParams(max_new_tokens=1, presence_penalty=0.9), [5, 5, 5], 5),  # once: 3 - 0.9 > 2
+        (SamplingParams(max_new_tokens=1, presence_penalty=1.1), [5], 6),  # 3 - 1.1 < 2
+        (SamplingParams(max_new_tokens=1, frequency_penalty=-2.0), [6], 6),  # negative: encourages
+    ]:
+        assert sample(logits, [with_output(params, output)]) == [expected], (params, output)
+    # The prompt is not counted (as in vLLM: OpenAI's penalties are on the text generated so far).
+    prompt_only = Request("p", [5, 5, 5], SamplingParams(max_new_tokens=1, frequency_penalty=2.0))
+    assert sample(logits, [prompt_only]) == [5]
+
+
+def test_adjusted_rows_leave_the_logits_of_the_others_untouched() -> None:
+    logits = random_logits(4, seed=3)
+    before = logits.clone()
+    rows = [request(SamplingParams(max_new_tokens=1)) for _ in range(4)]
+    rows[2] = with_output(SamplingParams(max_new_tokens=1, frequency_penalty=1.0), [1, 2, 2])
+    sample(logits, rows)
+    assert torch.equal(logits, before)  # the caller's tensor is never changed in place
+
+
+def test_a_seeded_penalized_request_draws_the_same_tokens_in_any_batch() -> None:
+    params = SamplingParams(max_new_tokens=1, temperature=1.0, seed=42, presence_penalty=1.5, logit_bias=((4, 3.0),))
+    logits = random_logits(3, seed=9)
+    alone = sample(logits[1:2], [with_output(params, [7, 7, 8])])
+    others = [request(SamplingParams(max_new_tokens=1, temperature=0.7, seed=n)) for n in (1, 2)]
+    batched = sample(logits, [others[0], with_output(params, [7, 7, 8]), others[1]])
+    assert batched[1] == alone[0]
