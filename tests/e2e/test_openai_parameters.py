@@ -171,3 +171,18 @@ def test_logit_bias_and_penalties_through_the_openai_client(
     assert penalized.choices[0].text != plain.choices[0].text
     out_of_vocabulary = server.post("/v1/completions", {"prompt": "a", "max_tokens": 2, "logit_bias": {"99999": 5}})
     assert (out_of_vocabulary.status, out_of_vocabulary.error["param"]) == (400, "logit_bias")
+
+
+def test_echo_puts_each_prompt_before_its_choice(server: Server, prompts: list[dict[str, Any]]) -> None:
+    client = server.client()
+    texts = [g["prompt"] for g in prompts]
+    kwargs: dict[str, Any] = {"model": "aieng", "max_tokens": 8, "temperature": 0}
+    whole = client.completions.create(prompt=texts, echo=True, **kwargs)
+    assert [c.text for c in whole.choices] == [g["prompt"] + g["text"] for g in prompts]
+    assert whole.usage.prompt_tokens == sum(len(g["prompt_ids"]) for g in prompts)
+    streamed = list(client.completions.create(prompt=texts, echo=True, stream=True, **kwargs))
+    joined = ["".join(c.choices[0].text for c in streamed if c.choices[0].index == i) for i in range(len(prompts))]
+    assert joined == [c.text for c in whole.choices]
+    # Token-id prompts are echoed as the bundle's tokenizer decodes them.
+    by_ids = client.completions.create(prompt=prompts[0]["prompt_ids"], echo=True, **kwargs)
+    assert by_ids.choices[0].text == prompts[0]["prompt"] + prompts[0]["text"]

@@ -253,7 +253,7 @@ class CompletionRequest(_OpenAIRequest):
     max_tokens: int | None = Field(default=16, ge=1, le=MAX_NEW_TOKENS)
     best_of: int | None = Field(default=None, ge=1, le=128)
     logprobs: int | None = Field(default=None, ge=0, le=20)
-    echo: StrictBool | None = False
+    echo: StrictBool | None = False  # the prompt before each choice's text
     suffix: Annotated[str, StringConstraints(max_length=MAX_PROMPT_CHARS)] | None = None
 
     @field_validator("max_tokens", "best_of", "logprobs", mode="before")
@@ -282,13 +282,6 @@ class CompletionRequest(_OpenAIRequest):
     def _must_be_null(cls, value: Any, info: ValidationInfo) -> Any:
         if value is not None:
             raise _unsupported(info.field_name, value)
-        return value
-
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, value: bool | None) -> bool | None:
-        if value:
-            raise _unsupported("echo", value)
         return value
 
     @property

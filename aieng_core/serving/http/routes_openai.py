@@ -62,6 +62,9 @@ async def completions(
     generation = begin(
         state, request_id, body.prompts, lambda _bundle_defaults: params, body.model, OPENAI_NAMES, bool(body.stream)
     )
+    # echo: each choice's text starts with its prompt (token ids decoded by the answering bundle).
+    tokenizer = generation.replica.loop.engine.tokenizer
+    echo = [p if isinstance(p, str) else tokenizer.decode(p) for p in body.prompts] if body.echo else None
 
     def whole(created: int, model: str, outputs: list[RequestOutput]) -> CompletionResponse:
         return CompletionResponse(
@@ -69,12 +72,13 @@ async def completions(
             created=created,
             model=model,
             choices=[
-                CompletionChoice(index=i, text=o.text, finish_reason=finish_reason(o)) for i, o in enumerate(outputs)
+                CompletionChoice(index=i, text=(echo[i] if echo else "") + o.text, finish_reason=finish_reason(o))
+                for i, o in enumerate(outputs)
             ],
             usage=usage(outputs),
         )
 
-    return await answer(request, generation, request_id, body, CompletionChunks(), whole)
+    return await answer(request, generation, request_id, body, CompletionChunks(echo), whole)
 
 
 async def answer(

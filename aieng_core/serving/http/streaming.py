@@ -14,7 +14,7 @@ openai client keeps unknown fields of a chunk, so it reads such a stream as any 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import anyio
@@ -68,13 +68,17 @@ class EventStream(StreamingResponse):
 
 
 class CompletionChunks:
-    """OpenAI's `text_completion` chunks: one per new piece of text."""
+    """OpenAI's `text_completion` chunks: one per new piece of text; with `echo`, each choice's
+    prompt first."""
 
     object = "text_completion"
     id_prefix = "cmpl-"
 
-    def opening(self) -> dict[str, Any] | None:
-        return None
+    def __init__(self, echo: Sequence[str] | None = None) -> None:
+        self.echo = list(echo or ())
+
+    def opening(self) -> list[dict[str, Any]]:
+        return [self.choice(index, text, None) for index, text in enumerate(self.echo)]
 
     def choice(self, index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
         return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
@@ -87,8 +91,8 @@ class ChatChunks:
     object = "chat.completion.chunk"
     id_prefix = "chatcmpl-"
 
-    def opening(self) -> dict[str, Any] | None:
-        return {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+    def opening(self) -> list[dict[str, Any]]:
+        return [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
 
     def choice(self, index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
         delta = {"content": text} if text else {}
@@ -140,8 +144,7 @@ async def stream_completion(
         # Every output already queued is written in one go: one write per wake-up, not per token.
         batch = [first]
         finals: set[int] = set()
-        opening = shape.opening()
-        pieces: list[str] = [] if opening is None else [sse(payload_of(opening))]
+        pieces = [sse(payload_of(choice)) for choice in shape.opening()]
         while True:
             ended = False
             for index, output in batch:

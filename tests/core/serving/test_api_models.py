@@ -25,7 +25,6 @@ def first_error(model: type, body: dict) -> dict:
     ("body", "field"),
     [
         ({"prompt": "a", "logprobs": 0}, "logprobs"),
-        ({"prompt": "a", "echo": True}, "echo"),
         ({"prompt": "a", "n": 2}, "n"),
         ({"prompt": "a", "best_of": 2}, "best_of"),
         ({"prompt": "a", "suffix": ""}, "suffix"),
