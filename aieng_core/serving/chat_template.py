@@ -94,6 +94,8 @@ def render_chat(
         )
     except jinja2.exceptions.TemplateError as exc:  # raise_exception, undefined names, sandbox refusals
         raise ChatTemplateError(f"the chat template refused the conversation: {exc}") from None
+    except Exception as exc:  # the template's own operations on this conversation (TypeError, ...)
+        raise ChatTemplateError(f"the chat template failed on the conversation: {type(exc).__name__}: {exc}") from None
 
 
 @dataclass(frozen=True)

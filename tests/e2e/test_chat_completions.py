@@ -101,7 +101,7 @@ def test_without_a_bound_the_reply_may_run_to_the_end_of_the_context(server: Ser
         ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools", "not supported"),
         ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 500}, "max_completion_tokens", ""),
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 500}, "max_tokens", "max_tokens"),
-        ({"messages": [{"role": "user", "content": "pipeline " * 80}]}, "prompt", "max_context"),
+        ({"messages": [{"role": "user", "content": "pipeline " * 80}]}, "messages", "max_context"),
         ({"messages": [{"role": "user", "content": "x"}], "model": "gpt-4o"}, "model", "does not exist"),
     ],
     ids=[

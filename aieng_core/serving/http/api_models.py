@@ -8,6 +8,7 @@ echo false, n 1, ...) and are otherwise refused with an error naming them.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -43,6 +44,7 @@ Prompt = Annotated[str, StringConstraints(min_length=1, max_length=MAX_PROMPT_CH
 # A prompt given as token ids (OpenAI's, and vLLM's, other prompt form); the engine checks each
 # against the vocabulary and the whole against max_context.
 MAX_PROMPT_IDS = 1 << 20
+TOKEN_ID_KEY = re.compile(r"[0-9]{1,12}")  # a logit_bias key
 TokenIds = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1, max_length=MAX_PROMPT_IDS)]
 StopString = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_CHARS)]
 
@@ -212,10 +214,15 @@ class _OpenAIRequest(_Body):
     @field_validator("logit_bias")
     @classmethod
     def _logit_bias_by_token_id(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        # OpenAI's keys are token ids as strings; the values are checked by SamplingParams.
+        # OpenAI's keys are token ids as strings of ASCII digits ("²".isdigit() is True, and
+        # int() refuses it); two spellings of one id ("1", "01") would add up unseen.
+        ids: set[int] = set()
         for key in value or {}:
-            if not key.isdigit():
+            if not TOKEN_ID_KEY.fullmatch(key):
                 raise ValueError(f"keys are token ids (non-negative integers as strings), got {key!r}")
+            if int(key) in ids:
+                raise ValueError(f"token id {int(key)} is given twice")
+            ids.add(int(key))
         return value
 
     @property

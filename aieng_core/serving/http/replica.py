@@ -11,7 +11,7 @@ deletes a bundle a server is serving, whether a pointer still names it or not.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import contextvars
 import threading
 import time
 from collections.abc import Callable
@@ -105,8 +105,11 @@ def open_replica(bundle_path: Path, config: AiengConfig, on_step: OnStep) -> Rep
     return replica
 
 
-async def in_a_thread_of_its_own(work: Callable[[], T], name: str) -> T:
-    """`work()` in a new thread that ends with it, awaited from the event loop.
+async def in_a_thread_of_its_own(work: Callable[[], T], name: str, discard: Callable[[T], object] | None = None) -> T:
+    """`work()` in a new thread that ends with it, awaited from the event loop (in the caller's
+    context, as asyncio.to_thread runs it: log lines keep their request id). `discard(result)`
+    is called, off the event loop, on a result nobody takes any more (the awaiting task was
+    cancelled, the loop closed): a replica loaded during a shutdown is stopped, not leaked.
 
     For loading a replica: its torch work (weights, the goldens, warmup and capture) runs
     OpenMP parallel regions, and each thread that runs one keeps a team of OpenMP workers for
@@ -118,9 +121,16 @@ async def in_a_thread_of_its_own(work: Callable[[], T], name: str) -> T:
     only one left."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future[T] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def abandon(result: T) -> None:
+        if discard is not None:
+            threading.Thread(target=discard, args=(result,), name=f"{name}-discard", daemon=True).start()
 
     def settle(result: T | None, error: BaseException | None) -> None:  # the event loop
         if done.cancelled():
+            if error is None:
+                abandon(result)  # type: ignore[arg-type]
             return
         if error is not None:
             done.set_exception(error)
@@ -130,11 +140,20 @@ async def in_a_thread_of_its_own(work: Callable[[], T], name: str) -> T:
     def run() -> None:
         result, error = None, None
         try:
-            result = work()
+            result = context.run(work)
         except BaseException as exc:  # handed to the awaiting task, as asyncio.to_thread does
             error = exc
-        with contextlib.suppress(RuntimeError):  # a closed loop: nobody awaits any more
+        try:
             loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # a closed loop: nobody awaits any more
+            if error is None:
+                abandon(result)  # type: ignore[arg-type]
 
     threading.Thread(target=run, name=name, daemon=True).start()
-    return await done
+    try:
+        return await done
+    except asyncio.CancelledError:
+        # Cancelled after the result was set but before this task resumed: nobody takes it.
+        if done.done() and not done.cancelled() and done.exception() is None:
+            abandon(done.result())
+        raise

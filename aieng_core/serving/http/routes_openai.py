@@ -64,7 +64,13 @@ async def completions(
     )
     # echo: each choice's text starts with its prompt (token ids decoded by the answering bundle).
     tokenizer = generation.replica.loop.engine.tokenizer
-    echo = [p if isinstance(p, str) else tokenizer.decode(p) for p in body.prompts] if body.echo else None
+    echo = None
+    if body.echo:
+        try:
+            echo = [p if isinstance(p, str) else tokenizer.decode(p, skip_special_tokens=False) for p in body.prompts]
+        except BaseException:
+            generation.close()
+            raise
 
     def whole(created: int, model: str, outputs: list[RequestOutput]) -> CompletionResponse:
         return CompletionResponse(
@@ -124,7 +130,9 @@ def chat_prompt(body: ChatCompletionRequest, replica: Replica) -> Prepared:
     asked = body.asked_tokens
     # Unbounded: to the end of the context (at least 1, so an over-long prompt gets the engine's own error).
     name, tokens = asked if asked is not None else ("max_completion_tokens", max(replica.max_context - len(ids), 1))
-    params = checked_params(lambda: body.sampling_params_for(tokens), rename={"max_new_tokens": name})
+    params = checked_params(
+        lambda: body.sampling_params_for(tokens), rename={"max_new_tokens": name, "prompt": "messages"}
+    )
     return [ids], params
 
 
@@ -138,7 +146,8 @@ async def chat_completions(
 ) -> Any:
     request_id = request_id_for(body.request_id)
     asked = body.asked_tokens
-    rename = {"max_new_tokens": asked[0] if asked is not None else "max_completion_tokens"}
+    # The engine's names as the client spelled them: the prompt is the rendered conversation.
+    rename = {"max_new_tokens": asked[0] if asked is not None else "max_completion_tokens", "prompt": "messages"}
     generation = begin_with(
         state, request_id, lambda replica: chat_prompt(body, replica), body.model, rename, bool(body.stream)
     )

@@ -173,7 +173,9 @@ class ServingState:
     async def _open(self, path: Path) -> Replica:
         # Not asyncio.to_thread: see in_a_thread_of_its_own (the engine thread must be the
         # only one left holding OpenMP workers).
-        return await in_a_thread_of_its_own(lambda: open_replica(path, self.config, self._on_step), "aieng-load")
+        return await in_a_thread_of_its_own(
+            lambda: open_replica(path, self.config, self._on_step), "aieng-load", discard=lambda r: r.stop(10.0)
+        )
 
     async def initial_load(self) -> None:
         started = time.monotonic()

@@ -45,6 +45,9 @@ def test_unsupported_openai_parameters_are_named(body: dict, field: str) -> None
         ({"prompt": "a", "logit_bias": {"1": 101}}, "logit_bias"),
         ({"prompt": "a", "logit_bias": {"token": 1}}, "logit_bias"),
         ({"prompt": "a", "logit_bias": {"-3": 1}}, "logit_bias"),
+        ({"prompt": "a", "logit_bias": {"²": 1}}, "logit_bias"),  # "²".isdigit(), but no int
+        ({"prompt": "a", "logit_bias": {"١٢": 1}}, "logit_bias"),  # Arabic-Indic digits
+        ({"prompt": "a", "logit_bias": {"1": 60, "01": 60}}, "logit_bias"),  # one id twice
     ],
 )
 def test_penalties_and_logit_bias_out_of_openai_ranges_are_named(body: dict, field: str) -> None:

@@ -72,6 +72,8 @@ def test_a_role_the_template_refuses_and_a_broken_template_are_named() -> None:
         render_chat("{% for m in messages %}", [{"role": "user", "content": "x"}], SPECIALS)
     with pytest.raises(ChatTemplateError, match="refused the conversation"):
         render_chat("{{ messages[0].missing.deeper }}", [{"role": "user", "content": "x"}], SPECIALS)
+    with pytest.raises(ChatTemplateError, match="failed on the conversation: TypeError"):
+        render_chat("{{ messages[0].content - 1 }}", [{"role": "user", "content": "x"}], SPECIALS)
     with pytest.raises(ChatTemplateError, match="no chat template"):
         ChatTemplate(None).render([{"role": "user", "content": "x"}])
 

@@ -223,6 +223,35 @@ def test_work_in_a_thread_of_its_own_returns_its_result_or_raises_its_error() ->
     assert ran_in[0] is not threading.main_thread() and not ran_in[0].is_alive()
 
 
+def test_a_result_nobody_awaits_any_more_is_discarded() -> None:
+    """A load finishing after its awaiting task was cancelled (a shutdown mid-load) hands its
+    replica to `discard`, which stops it, instead of leaking a running engine."""
+    import asyncio
+
+    release, discarded = threading.Event(), threading.Event()
+    seen: list[object] = []
+
+    def slow_load() -> str:
+        release.wait(10)
+        return "replica"
+
+    def discard(result: object) -> None:
+        seen.append(result)
+        discarded.set()
+
+    async def cancel_mid_load() -> None:
+        task = asyncio.ensure_future(in_a_thread_of_its_own(slow_load, "aieng-load", discard))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        release.set()
+        await asyncio.get_running_loop().run_in_executor(None, discarded.wait, 10)
+
+    asyncio.run(cancel_mid_load())
+    assert seen == ["replica"]
+
+
 def test_the_server_answers_before_the_engine_is_imported() -> None:
     """/health/live answers at once: importing the HTTP app loads no torch (the engine is
     imported where it runs, off the event loop)."""
