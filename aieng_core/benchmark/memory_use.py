@@ -7,7 +7,7 @@ import resource
 import sys
 from typing import Any
 
-from aieng_core.model.memory import BYTES_PER_PARAMETER, GIB, memory_budget
+from aieng_core.model.memory import BYTES_PER_PARAMETER, budget_bytes
 
 RULE = "fp32 weights x 1.3 + 2 GiB"
 
@@ -22,7 +22,7 @@ def peak_rss_bytes() -> int:
 def memory_figures(parameters: int) -> dict[str, Any]:
     """Peak RSS now, the budget the rule gives fp32 weights of `parameters`, and pass/fail."""
     peak = peak_rss_bytes()
-    budget = int(memory_budget(parameters)["gpu_rule_gib_fp32"] * GIB)
+    budget = budget_bytes(parameters, "fp32")
     return {
         "peak_rss_bytes": peak,
         "peak_rss_measure": "ru_maxrss of the measuring process: its high-water mark since it started",

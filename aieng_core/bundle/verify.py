@@ -120,7 +120,9 @@ def _load_model(artifact: Artifact, device: str) -> LlamaForCausalLM:
     return load_model(artifact, device)
 
 
-def _replay(artifact: Artifact, golden_doc: dict[str, Any], serving: dict[str, Any], model: Any) -> list[dict]:
+def _replay(
+    artifact: Artifact, golden_doc: dict[str, Any], serving: dict[str, Any], model: Any, chat: ChatTemplate
+) -> list[dict]:
     """Replay the goldens on CPU with the recorded thread count; `model` is reused when it is
     already a CPU model of this bundle, else a CPU copy is loaded for the replay."""
     from aieng_core.serving.device import torch_threads
@@ -133,7 +135,7 @@ def _replay(artifact: Artifact, golden_doc: dict[str, Any], serving: dict[str, A
         cpu_model = model if model is not None else _load_model(artifact, GOLDEN_DEVICE)
         engine = engine_for(cpu_model, load_tokenizer(artifact.path), serving, max_waiting=len(outputs))
         try:
-            return replay_goldens(engine, outputs, _chat_template(artifact.path))
+            return replay_goldens(engine, outputs, chat)
         except RequestError as exc:  # a golden the engine refuses cannot have been recorded by it
             raise BundleVerificationError(
                 f"{artifact.path / GOLDEN_FILE}: the engine refuses a golden: {exc}"
@@ -233,10 +235,11 @@ def load_bundle(path: str | Path, device: str = "cpu", check_goldens: bool = Tru
     artifact = bundle_artifact(path, manifest)
     serving = _serving_json(path)
     golden_doc = _golden_doc(path)
+    chat = _chat_template(path)  # read once: the replay renders through it, and so does the server
     model = _load_model(artifact, device)
     if check_goldens:
         replay_model = model if str(device) == GOLDEN_DEVICE else None
-        for result in _replay(artifact, golden_doc, serving, replay_model):
+        for result in _replay(artifact, golden_doc, serving, replay_model, chat):
             if not result["ok"]:
                 raise BundleVerificationError(
                     f"serving bundle {path} failed verification: {golden_problem(path, result)}"
@@ -260,7 +263,7 @@ def load_bundle(path: str | Path, device: str = "cpu", check_goldens: bool = Tru
         model=model,
         tokenizer=load_tokenizer(path),
         eos_token_id=eos,
-        chat_template=_chat_template(path),
+        chat_template=chat,
     )
 
 
@@ -290,7 +293,7 @@ def verify_bundle(path: str | Path) -> dict[str, Any]:
     try:
         serving = _serving_json(path)
         golden_doc = _golden_doc(path)
-        results = _replay(bundle_artifact(path, manifest), golden_doc, serving, None)
+        results = _replay(bundle_artifact(path, manifest), golden_doc, serving, None, _chat_template(path))
     except ArtifactIntegrityError as exc:
         report["problems"].append(str(exc))
         return report

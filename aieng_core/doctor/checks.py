@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from aieng_core.config import AiengConfig
-from aieng_core.model.memory import BYTES_PER_PARAMETER, GIB
+from aieng_core.model.memory import BYTES_PER_PARAMETER, GIB, budget_bytes
 
 Verdict = Literal["ok", "warn", "fail"]
 LIBRARIES = ("torch", "dagster", "transformers", "tokenizers", "safetensors", "fastapi", "uvicorn", "jinja2")
@@ -109,7 +109,7 @@ def needs_of(config: AiengConfig) -> Needs:
         precision=precision,
         weights_bytes=weights,
         kv_cache_bytes=kv,
-        serving_memory_bytes=int(weights * 1.3 + 2 * GIB) + kv,
+        serving_memory_bytes=budget_bytes(parameters, precision) + kv,
         # fp32 on disk whatever serves: the checkpoint and the float32 source bundle are float32.
         disk_bytes=COPIES_ON_DISK * parameters * BYTES_PER_PARAMETER["fp32"] + DISK_HEADROOM_BYTES,
         threads=config.serving.threads,

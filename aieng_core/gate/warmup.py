@@ -24,7 +24,6 @@ from aieng_core.config import AiengConfig
 from aieng_core.gate.report import GateFailed
 from aieng_core.serving.device import resolve_device
 
-GIB = 1024**3
 SAMPLE_EVERY_S = 0.005
 # By bytes per parameter, the precision name of model/memory.py's budget.
 PRECISION_BY_BYTES = {4: "fp32", 2: "bf16", 1: "int8"}
@@ -101,7 +100,7 @@ def _load_and_warm(
 def warmup_step(bundle_path: Path, config: AiengConfig) -> dict[str, Any]:
     import torch
 
-    from aieng_core.model.memory import memory_budget
+    from aieng_core.model.memory import budget_bytes as rule_bytes
     from aieng_core.serving.device import torch_threads
 
     device = resolve_device(config.serving.device)
@@ -118,7 +117,7 @@ def warmup_step(bundle_path: Path, config: AiengConfig) -> dict[str, Any]:
         torch.cuda.empty_cache()
     figures["warm_speedup"] = figures["cold_first_request_ms"] / max(figures["warm_first_request_ms"], 1e-9)
     precision = PRECISION_BY_BYTES.get(element_size, "fp32")
-    budget_bytes = int(memory_budget(parameters)[f"gpu_rule_gib_{precision}"] * GIB)
+    budget_bytes = rule_bytes(parameters, precision)
     peak = cuda_peak if cuda_peak is not None else rss.peak - rss.before
     figures.update(
         parameters=parameters,

@@ -15,3 +15,9 @@ def memory_budget(num_parameters: int) -> dict[str, int | float]:
     for name, size in BYTES_PER_PARAMETER.items():
         budget[f"gpu_rule_gib_{name}"] = round(num_parameters * size * 1.3 / GIB + 2.0, 4)
     return budget
+
+
+def budget_bytes(num_parameters: int, precision: str) -> int:
+    """The rule's memory for weights at `precision`, in bytes: what the gate holds a server to,
+    the report a model to, and `aieng doctor` a machine to."""
+    return int(memory_budget(num_parameters)[f"gpu_rule_gib_{precision}"] * GIB)

@@ -15,7 +15,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -191,6 +192,17 @@ def start_server(
         server.stop()
         raise
     return server
+
+
+@contextmanager
+def serving(folder: Path, bundle_path: Path | None, **options: Any) -> Iterator[Server]:
+    """start_server (the same arguments) for a module's tests, stopped at the end; its exit
+    must be a clean 0."""
+    running = start_server(folder, bundle_path, **options)
+    try:
+        yield running
+    finally:
+        assert running.stop() == 0, running.log_tail()
 
 
 def flip_one_byte(path: Path) -> None:

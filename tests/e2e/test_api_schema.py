@@ -30,7 +30,7 @@ from schemathesis.specs.openapi.checks import (
 
 from aieng_core.config import load_config
 from tests.conftest import TINY_CONFIG
-from tests.e2e.serve_helpers import Server, start_server
+from tests.e2e.serve_helpers import Server, serving
 
 pytestmark = pytest.mark.e2e
 
@@ -64,11 +64,8 @@ CASES = [pytest.param(label, mode, id=f"{label}-{mode.value}") for label, modes 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, serving_bundle_artifact) -> Iterator[Server]:
-    running = start_server(tmp_path_factory.mktemp("api-schema"), serving_bundle_artifact.bundle.path)
-    try:
+    with serving(tmp_path_factory.mktemp("api-schema"), serving_bundle_artifact.bundle.path) as running:
         yield running
-    finally:
-        assert running.stop() == 0, running.log_tail()
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.serve_helpers import Server, poll, start_server
+from tests.e2e.serve_helpers import Server, poll, serving
 
 pytestmark = pytest.mark.e2e
 
@@ -28,11 +28,8 @@ REPLY_TIMEOUT_S = 30
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     folder = tmp_path_factory.mktemp("body-limit")
-    running = start_server(folder, None, home=folder / "home", wait_for="/health/live", max_request_bytes=LIMIT)
-    try:
+    with serving(folder, None, home=folder / "home", wait_for="/health/live", max_request_bytes=LIMIT) as running:
         yield running
-    finally:
-        assert running.stop() == 0, running.log_tail()
 
 
 def connect(server: Server) -> socket.socket:

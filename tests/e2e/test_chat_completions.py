@@ -13,7 +13,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.e2e.serve_helpers import Server, start_server
+from tests.e2e.serve_helpers import Server, serving
 
 pytestmark = pytest.mark.e2e
 
@@ -28,11 +28,8 @@ def conversations(bundle_path: Path) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, bundle_path: Path) -> Iterator[Server]:
-    running = start_server(tmp_path_factory.mktemp("chat"), bundle_path)
-    try:
+    with serving(tmp_path_factory.mktemp("chat"), bundle_path) as running:
         yield running
-    finally:
-        assert running.stop() == 0, running.log_tail()
 
 
 def test_greedy_chat_replies_are_the_recorded_golden_conversations(

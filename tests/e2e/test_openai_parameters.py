@@ -13,7 +13,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.e2e.serve_helpers import Server, poll, start_server
+from tests.e2e.serve_helpers import Server, poll, serving
 
 pytestmark = pytest.mark.e2e
 
@@ -29,11 +29,8 @@ def prompts(bundle_path: Path) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, bundle_path: Path) -> Iterator[Server]:
-    running = start_server(tmp_path_factory.mktemp("openai-parameters"), bundle_path)
-    try:
+    with serving(tmp_path_factory.mktemp("openai-parameters"), bundle_path) as running:
         yield running
-    finally:
-        assert running.stop() == 0, running.log_tail()
 
 
 def finished(server: Server) -> float:

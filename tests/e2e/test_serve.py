@@ -47,6 +47,7 @@ from tests.e2e.serve_helpers import (
     long_predict,
     poll,
     raw_request,
+    serving,
     start_server,
 )
 
@@ -76,11 +77,8 @@ def names_bundle(reply: Reply, bundle_id: str, data_version: str) -> bool:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, bundle_path: Path) -> Iterator[Server]:
     """One server for the tests that leave it as they found it (admin API disabled)."""
-    running = start_server(tmp_path_factory.mktemp("serve"), bundle_path, **BIG_QUEUE)
-    try:
+    with serving(tmp_path_factory.mktemp("serve"), bundle_path, **BIG_QUEUE) as running:
         yield running
-    finally:
-        assert running.stop() == 0, running.log_tail()
 
 
 # ---- endpoints -------------------------------------------------------------------------------------

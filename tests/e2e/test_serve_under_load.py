@@ -30,7 +30,7 @@ import pytest
 from aieng_core.loadgen.http_client import request
 from aieng_core.loadgen.http_load import COMPLETIONS, GENERATE, LoadRequest, closed_loop
 from aieng_core.loadgen.stats import RequestRecord, percentile
-from tests.e2e.serve_helpers import STOP_TIMEOUT_S, Server, deploy, poll, start_server
+from tests.e2e.serve_helpers import STOP_TIMEOUT_S, Server, deploy, poll, serving, start_server
 
 pytestmark = pytest.mark.e2e
 
@@ -84,11 +84,8 @@ def mixed_requests(count: int, prompt_tokens: dict[str, int]) -> list[LoadReques
 
 @pytest.fixture(scope="module")
 def load_server(tmp_path_factory: pytest.TempPathFactory, bundle_path: Path) -> Any:
-    running = start_server(tmp_path_factory.mktemp("serve-load"), bundle_path, max_waiting=MAX_WAITING)
-    try:
+    with serving(tmp_path_factory.mktemp("serve-load"), bundle_path, max_waiting=MAX_WAITING) as running:
         yield running
-    finally:
-        assert running.stop() == 0, running.log_tail()
 
 
 # ---- 10,000 requests at concurrency 64 --------------------------------------------------------------

@@ -390,6 +390,13 @@ class ChatCompletionRequest(_OpenAIRequest):
             return "max_tokens", self.max_tokens
         return None
 
+    @property
+    def engine_names(self) -> dict[str, str]:
+        """The engine's field names as this request spells them in errors: the output bound as
+        it was named, the prompt as the messages it was rendered from."""
+        asked = self.asked_tokens
+        return {"max_new_tokens": asked[0] if asked is not None else "max_completion_tokens", "prompt": "messages"}
+
     def conversation(self) -> list[dict[str, str]]:
         return [message.for_template() for message in self.messages]
 

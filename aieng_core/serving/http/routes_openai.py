@@ -129,10 +129,8 @@ def chat_prompt(body: ChatCompletionRequest, replica: Replica) -> Prepared:
     ids = replica.loop.engine.encode(text)
     asked = body.asked_tokens
     # Unbounded: to the end of the context (at least 1, so an over-long prompt gets the engine's own error).
-    name, tokens = asked if asked is not None else ("max_completion_tokens", max(replica.max_context - len(ids), 1))
-    params = checked_params(
-        lambda: body.sampling_params_for(tokens), rename={"max_new_tokens": name, "prompt": "messages"}
-    )
+    tokens = asked[1] if asked is not None else max(replica.max_context - len(ids), 1)
+    params = checked_params(lambda: body.sampling_params_for(tokens), rename=body.engine_names)
     return [ids], params
 
 
@@ -145,11 +143,8 @@ async def chat_completions(
     request: HttpRequest, body: ChatCompletionRequest, state: ServingState = Depends(serving_state)
 ) -> Any:
     request_id = request_id_for(body.request_id)
-    asked = body.asked_tokens
-    # The engine's names as the client spelled them: the prompt is the rendered conversation.
-    rename = {"max_new_tokens": asked[0] if asked is not None else "max_completion_tokens", "prompt": "messages"}
     generation = begin_with(
-        state, request_id, lambda replica: chat_prompt(body, replica), body.model, rename, bool(body.stream)
+        state, request_id, lambda replica: chat_prompt(body, replica), body.model, body.engine_names, bool(body.stream)
     )
 
     def whole(created: int, model: str, outputs: list[RequestOutput]) -> ChatCompletionResponse:
