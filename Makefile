@@ -92,6 +92,7 @@ bench: install
 	$(BIN)/aieng bench data --out bench-results/data.json
 	$(BIN)/aieng bench model --out bench-results/model.json
 	$(BIN)/aieng bench serving --out bench-results/serving.json
+	$(BIN)/aieng bench prefix --out bench-results/prefix.json
 
 ## lock: re-pin constraints.txt to what the venv has now (after changing dependencies)
 lock: install

@@ -87,9 +87,10 @@ QUICK = Sizes(
 
 
 # ---- preparation: tokenizer, weights, artifacts, bundle, prompts --------------------------------
-def _prompts(tokenizer: Any, lengths: Sequence[int], eos: int) -> list[dict[str, Any]]:
+def prompts_of_lengths(tokenizer: Any, lengths: Sequence[int], eos: int, skip: int = 0) -> list[dict[str, Any]]:
     """Demo-text prompts of exactly these token lengths, each a text that encodes back to the
-    same ids (so the server, given text, runs the very ids the in-process peers run)."""
+    same ids (so the server, given text, runs the very ids the in-process peers run), each
+    from the next demo document, the first `skip` left out."""
     from aieng_core.data.demo_data import corpus
 
     def documents() -> Iterator[str]:
@@ -97,6 +98,8 @@ def _prompts(tokenizer: Any, lengths: Sequence[int], eos: int) -> list[dict[str,
             yield from (doc.text for doc in corpus())
 
     texts, found = documents(), []
+    for _ in range(skip):
+        next(texts)
     for length in lengths:
         for _ in range(10_000):
             ids = tokenizer.encode(next(texts), add_special_tokens=False).ids[:length]
@@ -209,15 +212,16 @@ def prepare(work: Path, settings: AiengConfig, sizes: Sizes) -> dict[str, Any]:
     context = recipe.max_context
 
     lengths = sizes.prompt_lengths
-    single = _prompts(tokenizer, _cycle(lengths, sizes.single_stream_prompts), eos)
-    batches = {str(size): _prompts(tokenizer, _cycle(lengths, size), eos) for size in sizes.batches}
+    single = prompts_of_lengths(tokenizer, _cycle(lengths, sizes.single_stream_prompts), eos)
+    batches = {str(size): prompts_of_lengths(tokenizer, _cycle(lengths, size), eos) for size in sizes.batches}
     mixed_lengths = [min(lengths[i % len(lengths)], context - new) for i, new in enumerate(sizes.mixed_new_tokens)]
-    mixed = _prompts(tokenizer, mixed_lengths, eos)
+    mixed = prompts_of_lengths(tokenizer, mixed_lengths, eos)
     for row, new in zip(mixed, sizes.mixed_new_tokens):
         row["max_new_tokens"] = new
     sweep_count = max(*sizes.requests_per_concurrency, sizes.poisson_requests)
     sweep_new = _cycle(sizes.sweep_new_tokens, sweep_count)
-    sweep = _prompts(tokenizer, [min(n, context - new) for n, new in zip(_cycle(lengths, sweep_count), sweep_new)], eos)
+    sweep_lengths = [min(n, context - new) for n, new in zip(_cycle(lengths, sweep_count), sweep_new)]
+    sweep = prompts_of_lengths(tokenizer, sweep_lengths, eos)
     for row, new in zip(sweep, sweep_new):
         row["max_new_tokens"] = new
     return {

@@ -15,8 +15,11 @@ from pathlib import Path
 from typing import Any
 
 
-def run_worker(name: str, plan_path: Path, env: dict[str, str], timeout: int) -> dict[str, Any]:
-    command = [sys.executable, "-m", "aieng_core.bench.serving_bench", "--worker", name, str(plan_path)]
+def run_worker(
+    name: str, plan_path: Path, env: dict[str, str], timeout: int, module: str = "aieng_core.bench.serving_bench"
+) -> dict[str, Any]:
+    """`python -m module --worker name plan_path` in a fresh process; its last stdout line's JSON."""
+    command = [sys.executable, "-m", module, "--worker", name, str(plan_path)]
     started = time.perf_counter()
     # A session of its own, so a timeout stops the worker and anything it started (the server).
     process = subprocess.Popen(

@@ -104,7 +104,11 @@ def _workloads(
 
 
 # ---- ours -------------------------------------------------------------------------------------
-def load_engine(plan: dict[str, Any], int8: bool = False) -> Any:
+def load_engine(
+    plan: dict[str, Any], int8: bool = False, prefix_cache_tokens: int = 0, step_graphs: str = "auto"
+) -> Any:
+    """Our engine on the plan's weights; decode steps captured at warmup as a server with
+    serving.step_graphs `step_graphs` captures them (auto, as the server's default)."""
     import torch
     from safetensors.torch import load_file
 
@@ -112,7 +116,7 @@ def load_engine(plan: dict[str, Any], int8: bool = False) -> Any:
     from aieng_core.model.llama import LlamaConfig, LlamaForCausalLM
     from aieng_core.model.weights import load_into
     from aieng_core.serving.engine import Engine, EngineLimits
-    from aieng_core.serving.step_graphs import AUTO, StepGraphSettings
+    from aieng_core.serving.step_graphs import StepGraphSettings
     from aieng_core.tokenizer.bpe import load_tokenizer
 
     directory = Path(plan["model_dir"])
@@ -125,10 +129,10 @@ def load_engine(plan: dict[str, Any], int8: bool = False) -> Any:
 
         model = quantized_copy(model)
     torch.set_grad_enabled(False)
-    # Decode steps captured at warmup, as a server with serving.step_graphs: auto captures them.
-    graphs = StepGraphSettings(mode=AUTO, cache_dir=Path(plan["work_dir"]) / "step-graph-cache")
+    graphs = StepGraphSettings(mode=step_graphs, cache_dir=Path(plan["work_dir"]) / "step-graph-cache")
     limits = EngineLimits(**plan["limits"])
-    return Engine(model, load_tokenizer(directory), limits, plan["eos_token_id"], graphs, plan["bundle_id"])
+    eos, key = plan["eos_token_id"], plan["bundle_id"]
+    return Engine(model, load_tokenizer(directory), limits, eos, graphs, key, prefix_cache_tokens)
 
 
 def matmul_peak(sizes: Sequence[int]) -> dict[str, Any]:

@@ -93,16 +93,18 @@ def engine_for(
     max_waiting: int,
     graphs: Any = None,
     bundle_key: str = "unbundled",
+    prefix_cache_tokens: int = 0,
 ) -> Any:
     """The engine a bundle's serving.json describes, with a queue of `max_waiting`: the one way
     a bundle becomes an Engine (recording goldens, replaying them, serving). `graphs`
     (StepGraphSettings): how warmup captures its decode steps; None: never (goldens are
-    recorded and replayed eagerly)."""
+    recorded and replayed eagerly). `prefix_cache_tokens`: the server's prefix cache (0, goldens: none)."""
     from aieng_core.serving.engine import Engine, EngineLimits
     from aieng_core.serving.step_graphs import StepGraphSettings
 
     limits = EngineLimits(**{name: int(serving[name]) for name in ENGINE_LIMIT_FIELDS}, max_waiting=max_waiting)
-    return Engine(model, tokenizer, limits, int(serving["eos_token_id"]), graphs or StepGraphSettings(), bundle_key)
+    eos = int(serving["eos_token_id"])
+    return Engine(model, tokenizer, limits, eos, graphs or StepGraphSettings(), bundle_key, prefix_cache_tokens)
 
 
 def kv_cache_bytes(model_config: Any, max_batch: int, max_context: int) -> int:
@@ -111,6 +113,15 @@ def kv_cache_bytes(model_config: Any, max_batch: int, max_context: int) -> int:
     from aieng_core.serving.kv_cache import KVCachePool
 
     return KVCachePool.for_model(model_config, max_batch, max_context, device="meta").nbytes
+
+
+def prefix_cache_bytes(model_config: Any, tokens: int) -> int:
+    """Bytes of the prefix cache a server of `tokens` (serving.prefix_cache_tokens) preallocates."""
+    from aieng_core.serving.kv_cache import KVCachePool
+    from aieng_core.serving.prefix_cache import PrefixCache
+
+    pool = KVCachePool.for_model(model_config, 1, 1, device="meta")
+    return PrefixCache(pool, tokens, "sizing").nbytes
 
 
 def produce_bundle_files(

@@ -57,9 +57,11 @@ class LoadedBundle:
     def make_engine(self, max_waiting: int, serving: ServingConfig | None = None) -> Engine:
         """The bundle's engine with a queue of `max_waiting` (the server's serving.max_waiting);
         with the server's `serving` config, its decode steps are captured at warmup as that
-        config says (serving.step_graphs), cached in the store holding the bundle."""
-        graphs = None
+        config says (serving.step_graphs), cached in the store holding the bundle, and its prefix
+        cache is serving.prefix_cache_tokens, keyed by the bundle's id."""
+        graphs, prefix_cache_tokens = None, 0
         if serving is not None:
+            prefix_cache_tokens = serving.prefix_cache_tokens
             from aieng_core.serving.step_graphs import StepGraphSettings
             from aieng_core.store.lineage import bundle_store
 
@@ -69,7 +71,9 @@ class LoadedBundle:
                 max_seconds=serving.warmup_max_seconds,
                 cache_dir=store.home / "cache" / "step-graphs" if store is not None else None,
             )
-        return engine_for(self.model, self.tokenizer, self.serving, max_waiting, graphs, self.bundle_id)
+        return engine_for(
+            self.model, self.tokenizer, self.serving, max_waiting, graphs, self.bundle_id, prefix_cache_tokens
+        )
 
 
 def read_manifest(path: Path) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""`aieng bench [data|model|serving]`: the side-by-side benchmarks, as JSON."""
+"""`aieng bench [data|model|serving|prefix]`: the side-by-side benchmarks, as JSON."""
 
 from __future__ import annotations
 
@@ -17,6 +17,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
             format_serving_results,
         )
         return 0
+    if args.suite == "prefix":
+        from aieng_core.bench.prefix_bench import format_prefix_results, run_prefix_bench
+
+        emit(
+            run_prefix_bench(out=args.out, config=args.config, quick=args.quick, rounds=args.rounds),
+            args.json,
+            format_prefix_results,
+        )
+        return 0
     if args.suite == "model":
         from aieng_core.bench.model_bench import format_model_results, run_model_bench
 
@@ -27,7 +36,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         )
         return 0
     if args.suite != "data":
-        raise ValueError(f"benchmark suite {args.suite!r} is not available; choose 'data', 'model' or 'serving'")
+        raise ValueError(
+            f"benchmark suite {args.suite!r} is not available; choose 'data', 'model', 'serving' or 'prefix'"
+        )
     from aieng_core.bench.data_bench import format_results, run_data_bench
 
     emit(
@@ -42,7 +53,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bench = commands.add_parser("bench", help="side-by-side benchmarks against peers, as JSON")
-    bench.add_argument("suite", nargs="?", default="data", choices=["data", "model", "serving"])
+    bench.add_argument("suite", nargs="?", default="data", choices=["data", "model", "serving", "prefix"])
     bench.add_argument("--size-mb", type=float, default=20.0, help="size of the synthetic partition (default 20)")
     bench.add_argument(
         "--large-mb", type=float, default=200.0, help="size of the large partition for the memory run (default 200)"
@@ -51,10 +62,10 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--cli-mb", type=float, default=40.0, help="size of the partition run through the Dagster CLI (default 40)"
     )
     bench.add_argument(
-        "--rounds", type=int, default=3, help="model, serving: rounds per side, order alternated (default 3)"
+        "--rounds", type=int, default=3, help="model, serving, prefix: rounds per side, order alternated (default 3)"
     )
     bench.add_argument("--steps", type=int, default=20, help="model: timed training steps per run (default 20)")
-    bench.add_argument("--quick", action="store_true", help="serving: fewer rounds and requests (a smoke run)")
+    bench.add_argument("--quick", action="store_true", help="serving, prefix: fewer rounds and requests (a smoke run)")
     bench.add_argument("--out", help="also write the JSON results to this file")
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(handler=cmd_bench)

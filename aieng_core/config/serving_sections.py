@@ -145,6 +145,16 @@ class ServingConfig(Section):
         strict=False,
         description="After SIGTERM: how long in-flight requests may take to finish before the server exits.",
     )
+    prefix_cache_tokens: int = Field(
+        default=4096,
+        ge=0,
+        description=(
+            "Prompt tokens whose keys and values the server keeps for reuse (prefix caching, "
+            "serving/prefix_cache.py): a prompt starting with a cached prefix (a chat's system prompt) prefills "
+            "only the rest. In blocks of 16 tokens, keyed by the bundle and every token before the block's end; "
+            "least recently used first out. Preallocated at start, beside the KV-cache pool; 0: off."
+        ),
+    )
     threads: int = Field(default=0, ge=0, description="torch intra-op threads of the server; 0: torch's default.")
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="auto: cuda when present, else cpu.")
     step_graphs: Literal["auto", "compile", "eager"] = Field(

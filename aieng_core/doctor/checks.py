@@ -71,6 +71,7 @@ class Needs:
     precision: str
     weights_bytes: int
     kv_cache_bytes: int
+    prefix_cache_bytes: int
     serving_memory_bytes: int
     disk_bytes: int
     threads: int  # serving.threads as configured (0: one per core)
@@ -92,10 +93,11 @@ def gib(value: int) -> str:
 
 
 def needs_of(config: AiengConfig) -> Needs:
-    """The model's size on the meta device (nothing allocated) and the limits' KV pool."""
+    """The model's size on the meta device (nothing allocated), the limits' KV pool and the
+    server's prefix cache."""
     import torch
 
-    from aieng_core.bundle.serving_bundle import kv_cache_bytes
+    from aieng_core.bundle.serving_bundle import kv_cache_bytes, prefix_cache_bytes
     from aieng_core.model.llama import LlamaConfig, LlamaForCausalLM
 
     model_config = LlamaConfig(vocab_size=config.tokenizer.vocab_size, **config.model.model_dump())
@@ -104,12 +106,14 @@ def needs_of(config: AiengConfig) -> Needs:
     precision = config.bundle.weights
     weights = parameters * BYTES_PER_PARAMETER[precision]
     kv = kv_cache_bytes(model_config, config.bundle.max_batch, config.bundle.max_context)
+    prefix = prefix_cache_bytes(model_config, config.serving.prefix_cache_tokens)
     return Needs(
         parameters=parameters,
         precision=precision,
         weights_bytes=weights,
         kv_cache_bytes=kv,
-        serving_memory_bytes=budget_bytes(parameters, precision) + kv,
+        prefix_cache_bytes=prefix,
+        serving_memory_bytes=budget_bytes(parameters, precision) + kv + prefix,
         # fp32 on disk whatever serves: the checkpoint and the float32 source bundle are float32.
         disk_bytes=COPIES_ON_DISK * parameters * BYTES_PER_PARAMETER["fp32"] + DISK_HEADROOM_BYTES,
         threads=config.serving.threads,
@@ -192,7 +196,8 @@ def _memory(machine: Machine, needs: Needs) -> Line:
     have = f"{gib(machine.memory_available_bytes)} available of {gib(machine.memory_total_bytes)}"
     need = (
         f"{gib(needs.serving_memory_bytes)} to serve: weights ({needs.precision}, {needs.parameters:,} parameters) "
-        f"{gib(needs.weights_bytes)} x 1.3 + 2 GiB, plus the KV-cache pool {gib(needs.kv_cache_bytes)}"
+        f"{gib(needs.weights_bytes)} x 1.3 + 2 GiB, plus the KV-cache pool {gib(needs.kv_cache_bytes)} "
+        f"and the prefix cache {gib(needs.prefix_cache_bytes)}"
     )
     if needs.serving_memory_bytes > machine.memory_available_bytes:
         short = needs.serving_memory_bytes - machine.memory_available_bytes

@@ -25,6 +25,7 @@ from aieng_core.model.llama import LlamaForCausalLM
 from aieng_core.serving.detokenizer import IncrementalDetokenizer, token_bytes_table
 from aieng_core.serving.kv_cache import KVCachePool
 from aieng_core.serving.model_runner import ModelRunner
+from aieng_core.serving.prefix_cache import PrefixCache
 from aieng_core.serving.request import (
     FAILED_TOKEN,
     NO_TOKEN,
@@ -32,6 +33,7 @@ from aieng_core.serving.request import (
     Request,
     RequestError,
     SamplingParams,
+    TokenLogprob,
 )
 from aieng_core.serving.sampling import make_generator
 from aieng_core.serving.scheduler import Scheduler
@@ -64,6 +66,9 @@ class RequestOutput:
     queue_seconds: float | None = None
     ttft_seconds: float | None = None
     e2e_seconds: float | None = None
+    # With SamplingParams.logprobs: those of the new tokens, and, once finished, of every token.
+    new_logprobs: tuple[TokenLogprob, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,8 @@ class EngineStats:
     free_slots: int
     max_batch: int
     kv_cache_bytes: int
+    prefix_cache_blocks: int = 0  # blocks of prompt prefixes cached now (prefix_cache.py)
+    prefix_cache_bytes: int = 0  # preallocated for them
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,9 @@ class StepStats:
     schedule_seconds: float
     forward_seconds: float
     postprocess_seconds: float
+    # Prompt tokens of the requests admitted this step, and those of them taken from the prefix cache.
+    prefix_queried_tokens: int = 0
+    prefix_hit_tokens: int = 0
 
 
 class Engine:
@@ -98,6 +108,7 @@ class Engine:
         eos_token_id: int,
         graphs: StepGraphSettings = StepGraphSettings(),
         bundle_key: str = "unbundled",
+        prefix_cache_tokens: int = 0,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -105,8 +116,11 @@ class Engine:
         self.eos_token_id = eos_token_id
         device = next(model.parameters()).device
         self.pool = KVCachePool.for_model(model.config, limits.max_batch, limits.max_context, device)
-        self.scheduler = Scheduler(self.pool, limits.max_waiting, limits.max_prefill_tokens)
-        self.runner = ModelRunner(model, self.pool, graphs, bundle_key)
+        # Keyed by the bundle: a cached prefix is never reused by another bundle's engine.
+        self.prefix_cache = PrefixCache(self.pool, prefix_cache_tokens, bundle_key)
+        prefix = self.prefix_cache if self.prefix_cache.enabled else None
+        self.scheduler = Scheduler(self.pool, limits.max_waiting, limits.max_prefill_tokens, prefix=prefix)
+        self.runner = ModelRunner(model, self.pool, graphs, bundle_key, prefix)
         self._token_bytes = token_bytes_table(tokenizer)
         self._detokenizers: dict[int, IncrementalDetokenizer] = {}  # by id(request)
         self.last_step: StepStats | None = None
@@ -141,6 +155,25 @@ class Engine:
             request.generator = make_generator(params)
         return request
 
+    def prepare_samples(
+        self, prompt: str | Sequence[int], samples: Sequence[tuple[str, SamplingParams]]
+    ) -> list[Request]:
+        """The `n` samples of one prompt, each (request id, params), checked and not yet queued:
+        the first prefills the prompt, the others fork from it (scheduler.py). Queue them all,
+        in order, before the next step."""
+        if len(samples) > self.limits.max_batch:
+            raise RequestError(
+                "n",
+                f"{len(samples)} samples of one prompt need as many KV-cache slots at once; this bundle has "
+                f"{self.limits.max_batch} (bundle.max_batch)",
+            )
+        (first_id, first_params), *others = samples
+        first = self.prepare(first_id, prompt, first_params)
+        first.forks = [self.prepare(request_id, first.prompt_ids, params) for request_id, params in others]
+        for fork in first.forks:
+            fork.fork_of = first
+        return [first, *first.forks]
+
     def enqueue(self, request: Request) -> None:
         self.scheduler.add(request)  # QueueFull when max_waiting requests already wait
         self._detokenizers[id(request)] = IncrementalDetokenizer(self._token_bytes, request.params.stop)
@@ -149,6 +182,11 @@ class Engine:
         request = self.prepare(request_id, prompt, params)
         self.enqueue(request)
         return request
+
+    @property
+    def token_bytes(self) -> list[bytes]:
+        """The bytes each token id stands for (detokenizer.token_bytes_table)."""
+        return self._token_bytes
 
     @property
     def has_work(self) -> bool:
@@ -161,6 +199,8 @@ class Engine:
             free_slots=self.pool.free_slots,
             max_batch=self.pool.max_batch,
             kv_cache_bytes=self.pool.nbytes,
+            prefix_cache_blocks=self.prefix_cache.cached_blocks,
+            prefix_cache_bytes=self.prefix_cache.nbytes,
         )
 
     # ---- stepping ------------------------------------------------------------------------
@@ -168,6 +208,8 @@ class Engine:
         """One iteration: schedule, run, detokenize. Returns (request, output) for every
         request that progressed or finished in this step."""
         started = time.perf_counter()
+        prefix = self.prefix_cache.stats
+        queried, hit = prefix.queried, prefix.hit
         plan = self.scheduler.schedule()
         scheduled = time.perf_counter()
         outputs = [(request, self._finished_output(request)) for request in plan.finished]
@@ -175,17 +217,19 @@ class Engine:
             return outputs
         admitted = time.monotonic()
         for request in plan.prefill:
-            if request.scheduled_time is None:  # its first chunk
-                request.scheduled_time = admitted
+            if request.scheduled_time is None:  # its first chunk: it took its slot, and its forks theirs
+                for admitted_now in (request, *request.forks):
+                    if admitted_now.scheduled_time is None:
+                        admitted_now.scheduled_time = admitted
         try:
             result = self.runner.run(plan)
         except Exception:
             # One bad step must not take the server down: its requests fail, the rest go on.
             log.exception("engine step failed; finishing its %d requests with an error", plan.batch_size)
-            return outputs + [(r, self._finish(r, "error", "")) for r in (*plan.prefill, *plan.decode)]
+            return outputs + [(r, self._finish(r, "error", "")) for r in plan.sampled]
         ran = time.perf_counter()
         now = time.monotonic()
-        for request, token in zip((*plan.prefill, *plan.decode), result.tokens, strict=True):
+        for request, token in zip(plan.sampled, result.tokens, strict=True):
             if token != NO_TOKEN:  # NO_TOKEN: a prompt chunk that does not end its prompt
                 outputs.append((request, self._advance(request, token, now)))
         self.last_step = StepStats(
@@ -197,6 +241,8 @@ class Engine:
             schedule_seconds=scheduled - started,
             forward_seconds=ran - scheduled,
             postprocess_seconds=time.perf_counter() - ran,
+            prefix_queried_tokens=prefix.queried - queried,
+            prefix_hit_tokens=prefix.hit - hit,
         )
         return outputs
 
@@ -238,6 +284,7 @@ class Engine:
         detokenizer = self._detokenizers.get(id(request))
         arrival = request.arrival_time
         started = request.scheduled_time
+        asked = request.params.logprobs is not None
         return RequestOutput(
             request_id=request.request_id,
             new_text=new_text,
@@ -250,6 +297,8 @@ class Engine:
             queue_seconds=None if started is None else started - arrival,
             ttft_seconds=None if request.first_token_time is None else request.first_token_time - arrival,
             e2e_seconds=None if request.finish_time is None else request.finish_time - arrival,
+            new_logprobs=tuple(request.logprobs[len(request.logprobs) - len(new_ids) :]) if asked and new_ids else (),
+            logprobs=tuple(request.logprobs) if asked and request.finished else (),
         )
 
     # ---- whole generations -----------------------------------------------------------------
@@ -304,6 +353,7 @@ class Engine:
         that fits this engine's context, then a one-token forward. Returns warmup()'s timings."""
         timings = self.warmup([n for n in prompt_lengths if n < self.limits.max_context])
         self.check_forward()
+        self.prefix_cache.clear()  # warmup's filler is not what the cache and its hit rate are for
         return timings
 
     @torch.inference_mode()

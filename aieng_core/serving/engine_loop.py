@@ -9,6 +9,7 @@ a caller waiting: stopping cancels every request still held, and a loop that die
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -63,19 +64,30 @@ class EngineLoop:
     ) -> Request:
         return self.submit_all([(request_id, prompt, params, sink)])[0]
 
-    def submit_all(self, items: Sequence[Submission]) -> list[Request]:
+    def submit_all(self, items: Sequence[Submission], samples: int = 1) -> list[Request]:
         """Queue every (request id, prompt, params, sink) or none: each is checked first
         (RequestError, in the caller's thread), then all are queued if the waiting queue has
         room for all (else QueueFull, and nothing was queued). More than the queue can ever
-        hold is a RequestError naming the limit: retrying could never succeed."""
+        hold is a RequestError naming the limit: retrying could never succeed. `samples` (n):
+        each run of that many items holds the samples of one prompt (the first item's), which
+        is prefilled once for all of them."""
         limit = self.engine.limits.max_waiting
+        if len(items) % samples:
+            raise ValueError(f"{len(items)} items are not runs of {samples} samples")
         if len(items) > limit:
+            what = "prompts" if samples == 1 else f"sequences ({len(items) // samples} prompts x n {samples})"
             raise RequestError(
-                "prompt",
-                f"{len(items)} prompts in one request is more than the waiting queue can ever hold "
+                "prompt" if samples == 1 else "n",
+                f"{len(items)} {what} in one request is more than the waiting queue can ever hold "
                 f"(serving.max_waiting {limit}); send at most {limit}",
             )
-        requests = [self.engine.prepare(request_id, prompt, params) for request_id, prompt, params, _ in items]
+        requests = [
+            request
+            for start in range(0, len(items), samples)
+            for request in self.engine.prepare_samples(
+                items[start][1], [(request_id, params) for request_id, _, params, _ in items[start : start + samples]]
+            )
+        ]
         with self._lock:
             if self._stopping:
                 raise EngineStopped("the engine loop is stopped")
@@ -90,9 +102,7 @@ class EngineLoop:
         stats = self.engine.stats()
         with self._lock:
             waiting = len(self._inbox)
-        return EngineStats(
-            stats.num_running, stats.num_waiting + waiting, stats.free_slots, stats.max_batch, stats.kv_cache_bytes
-        )
+        return dataclasses.replace(stats, num_waiting=stats.num_waiting + waiting)
 
     def _run(self) -> None:
         try:

@@ -94,6 +94,14 @@ class KVCachePool:
         """Index of the highest allocated slot, -1 when none is."""
         return max((slot for slot, owner in enumerate(self._owners) if owner is not None), default=-1)
 
+    def copy(self, source: int, destination: int, length: int) -> None:
+        """The first `length` cached positions of `source` into `destination` (both allocated):
+        a prompt prefilled once, for each of its samples."""
+        if self._owners[source] is None or self._owners[destination] is None:
+            raise RuntimeError(f"KV-cache slots {source} -> {destination}: only allocated slots are copied")
+        for tensor in (*self.keys, *self.values):
+            tensor[destination, :, :length] = tensor[source, :, :length]
+
     def move(self, sources: list[int], destinations: list[int], length: int) -> None:
         """Re-seats the owners of `sources` in `destinations` (the same set of allocated
         slots, in another order), with the first `length` cached positions of every layer's

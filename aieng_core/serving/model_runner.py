@@ -25,6 +25,7 @@ import torch
 from aieng_core.model.decode_attention import attention_cells, group_lengths
 from aieng_core.model.llama import LlamaForCausalLM, PrefillSegment
 from aieng_core.serving.kv_cache import KVCachePool
+from aieng_core.serving.prefix_cache import PrefixCache
 from aieng_core.serving.request import NO_TOKEN, Request, SampledTokens, StepPlan
 from aieng_core.serving.sampling import sample
 from aieng_core.serving.slot_order import regroup, step_lengths
@@ -40,9 +41,11 @@ class ModelRunner:
         pool: KVCachePool,
         graphs: StepGraphSettings = StepGraphSettings(),
         bundle_key: str = "unbundled",
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.model = lay_out_for_inference(model)
         self.pool = pool
+        self.prefix_cache = prefix_cache
         self.device = next(model.parameters()).device
         self.pad_id = model.config.pad_token_id
         # Empty until warmup captures them (Engine.warmup): every step runs eagerly until then.
@@ -56,7 +59,7 @@ class ModelRunner:
         started = time.perf_counter()
         tokens: list[int] = []
         if plan.prefill:
-            tokens += self.prefill(plan.prefill)
+            tokens += self.prefill(plan.prefill, plan.forks, plan.fork_sources)
         if plan.decode:
             tokens += sample(self.decode_logits(plan.decode), plan.decode)
         return SampledTokens(
@@ -66,13 +69,26 @@ class ModelRunner:
             forward_seconds=time.perf_counter() - started,
         )
 
-    def prefill(self, requests: Sequence[Request]) -> list[int]:
+    def prefill(
+        self, requests: Sequence[Request], forks: Sequence[Request] = (), sources: Sequence[Request] = ()
+    ) -> list[int]:
         """Each request's chunk into its slot; the first token of each whose chunk ends its
-        prompt, NO_TOKEN for the others (their prompts continue next step)."""
+        prompt, NO_TOKEN for the others (their prompts continue next step); then the first token
+        of each fork, sampled from its source's logits after a copy of its source's prompt."""
         completing = [r for r in requests if r.prefill_completes]
         logits = self.prefill_logits(requests)
-        sampled = iter(sample(logits, completing) if completing else [])
-        return [next(sampled) if r.prefill_completes else NO_TOKEN for r in requests]
+        if self.prefix_cache is not None:  # the blocks each chunk completed, for the next prompts
+            for request in requests:
+                self.prefix_cache.store(request, request.prefill_start + request.prefill_length)
+        if forks:
+            row_of = {id(r): row for row, r in enumerate(completing)}
+            for fork, source in zip(forks, sources, strict=True):
+                self.pool.copy(_slot(source), _slot(fork), source.num_prompt_tokens)
+            rows = torch.tensor([row_of[id(source)] for source in sources], device=logits.device)
+            logits = torch.cat([logits, logits.index_select(0, rows)])
+        sampled = iter(sample(logits, [*completing, *forks]) if completing else [])
+        tokens = [next(sampled) if r.prefill_completes else NO_TOKEN for r in requests]
+        return tokens + list(sampled)
 
     @torch.inference_mode()
     def prefill_logits(self, requests: Sequence[Request]) -> torch.Tensor:

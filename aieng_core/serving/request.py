@@ -10,7 +10,7 @@ import enum
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 FinishReason = Literal["stop", "length", "cancelled", "timeout", "error"]
 
@@ -19,6 +19,7 @@ FinishReason = Literal["stop", "length", "cancelled", "timeout", "error"]
 GREEDY_TEMPERATURE = 1e-5
 MAX_PENALTY = 2.0  # OpenAI's range for presence_penalty and frequency_penalty
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value
+MAX_LOGPROBS = 20  # OpenAI's most top_logprobs (completions' logprobs: 5; vLLM allows 20 for both)
 
 
 class RequestError(ValueError):
@@ -56,6 +57,10 @@ class SamplingParams:
     # (token id, value) added to that token's logit at every step; ids are checked against the
     # vocabulary by the engine.
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # The log-probability of each token chosen, and of the `logprobs` most likely tokens at its
+    # step (0: the chosen one's only); None: none. Of the model's own distribution, before
+    # penalties, logit_bias and temperature (vLLM's default, raw logprobs).
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -71,6 +76,8 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -MAX_PENALTY <= getattr(self, name) <= MAX_PENALTY:  # also refuses NaN
                 raise RequestError(name, f"must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {getattr(self, name)}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise RequestError("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         for token, value in self.logit_bias:
             if token < 0 or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
                 raise RequestError(
@@ -85,6 +92,15 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_TEMPERATURE
+
+
+class TokenLogprob(NamedTuple):
+    """A chosen token's log-probability and its step's most likely tokens, (id, log-probability)
+    from the most likely down (SamplingParams.logprobs of them)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
 
 
 class RequestStatus(enum.Enum):
@@ -117,6 +133,13 @@ class Request:
     num_prefilled: int = 0
     prefill_start: int = 0
     prefill_length: int = 0
+    # Samples of one prompt (`n`): the request that prefills the prompt, for each of the others
+    # (`fork_of`, until the prompt is forked to them), and the others, for it (`forks`). They
+    # are admitted together; when the prompt's last chunk is prefilled, its keys and values are
+    # copied into the forks' slots and each fork samples its first token from the same logits.
+    logprobs: list[TokenLogprob] = field(default_factory=list, repr=False)  # one per output token, if asked
+    fork_of: Request | None = field(default=None, repr=False)
+    forks: list[Request] = field(default_factory=list, repr=False)
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
 
     def __post_init__(self) -> None:
@@ -169,6 +192,10 @@ class StepPlan:
     prefill: tuple[Request, ...] = ()
     decode: tuple[Request, ...] = ()
     finished: tuple[Request, ...] = ()
+    # Samples of a prompt whose last chunk is prefilled this step (by their fork_of, in
+    # `prefill`): each takes a copy of that prompt's keys and values and samples its first token.
+    forks: tuple[Request, ...] = ()
+    fork_sources: tuple[Request, ...] = ()  # the request whose prompt each fork copies
     # (prefill_start, prefill_length) of each prefill request as planned: the requests' own
     # fields hold the latest chunk only.
     prefill_chunks: tuple[tuple[int, int], ...] = ()
@@ -179,7 +206,12 @@ class StepPlan:
 
     @property
     def batch_size(self) -> int:
-        return len(self.prefill) + len(self.decode)
+        return len(self.prefill) + len(self.forks) + len(self.decode)
+
+    @property
+    def sampled(self) -> tuple[Request, ...]:
+        """The requests a token is sampled for (or NO_TOKEN given), in SampledTokens' order."""
+        return (*self.prefill, *self.forks, *self.decode)
 
 
 # A token the sampler could not draw for one row: that request fails alone, its batch goes on.
@@ -191,7 +223,7 @@ NO_TOKEN = -2
 @dataclass(frozen=True)
 class SampledTokens:
     """What the model runner sampled: one new token id per planned request, in the plan's
-    order (prefill, then decode). Request ids need not be unique (a /predict call sends
+    order (StepPlan.sampled: prefill, forks, then decode). Request ids need not be unique (a /predict call sends
     several sequences under one id), so nothing is keyed by them."""
 
     tokens: tuple[int, ...]

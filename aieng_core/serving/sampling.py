@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from aieng_core.serving.request import FAILED_TOKEN, Request, RequestError, SamplingParams
+from aieng_core.serving.request import FAILED_TOKEN, Request, RequestError, SamplingParams, TokenLogprob
 
 log = logging.getLogger("aieng.serving.sampling")
 
@@ -41,6 +41,7 @@ def sample(logits: torch.Tensor, requests: Sequence[Request]) -> list[int]:
         raise ValueError(f"logits of shape {tuple(logits.shape)} do not match {len(requests)} requests")
     if not requests:
         return []
+    raw = logits
     logits = adjusted(logits, requests)
     # One argmax over the whole batch: the all-greedy batch (the benchmark path) needs nothing else.
     tokens = torch.argmax(logits, dim=-1).tolist()
@@ -52,7 +53,27 @@ def sample(logits: torch.Tensor, requests: Sequence[Request]) -> list[int]:
                 request.generator = make_generator(request.params)
         for i, token in zip(rows, sample_rows(logits[rows], sampled), strict=True):
             tokens[i] = token
+    record_logprobs(raw, requests, tokens)
     return tokens
+
+
+def record_logprobs(logits: torch.Tensor, requests: Sequence[Request], tokens: Sequence[int]) -> None:
+    """Appends to each request that asks for logprobs its chosen token's log-probability and
+    its row's top ones, from the raw `logits` (the model's distribution, as vLLM reports it by
+    default). Batched over those rows; nothing at all when none asks (the benchmark path)."""
+    rows = [i for i, r in enumerate(requests) if r.params.logprobs is not None and tokens[i] != FAILED_TOKEN]
+    if not rows:
+        return
+    logprobs = torch.log_softmax(logits[rows].float(), dim=-1)
+    chosen = logprobs.gather(1, torch.tensor([[tokens[i]] for i in rows], device=logits.device))[:, 0].tolist()
+    most = max(requests[i].params.logprobs or 0 for i in rows)
+    # Stable descending sort: on ties the lower id first, as argmax picks it.
+    sorted_values, sorted_ids = torch.sort(logprobs, dim=-1, descending=True, stable=True)
+    top_values, top_ids = sorted_values[:, :most].tolist(), sorted_ids[:, :most].tolist()
+    for n, i in enumerate(rows):
+        k = requests[i].params.logprobs or 0
+        top = tuple(zip(top_ids[n][:k], top_values[n][:k], strict=True))
+        requests[i].logprobs.append(TokenLogprob(tokens[i], chosen[n], top))
 
 
 def adjusted(logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:

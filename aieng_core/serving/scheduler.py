@@ -4,6 +4,11 @@ Continuous (iteration-level) batching: every step, cancelled requests leave and 
 slots, every running request decodes, and prompts are prefilled within a budget of
 `max_prefill_tokens` per step: first the rest of prompts admitted earlier (chunked prefill),
 then waiting requests, first come, first served, while a KV slot is free and budget is left.
+A request admitted to a slot first takes the keys and values of its prompt's longest cached
+prefix (prefix_cache.py): only the rest of its prompt is prefilled and counts against the budget.
+The `n` samples of one prompt are admitted together, each to a slot of its own, and the prompt
+is prefilled once: when its last chunk is planned, the other samples are planned as forks
+(StepPlan.forks), and the runner copies the prompt's keys and values into their slots.
 A prompt longer than the budget is prefilled a chunk per step, beside the running decodes, so
 one long prompt never stalls every stream for a whole prefill.
 """
@@ -29,6 +34,13 @@ class SlotPool(Protocol):
     def free(self, slot: int) -> None: ...
 
 
+class PrefixReuse(Protocol):
+    """The part of PrefixCache the scheduler uses: on admission, a request's prompt tokens
+    whose keys and values were copied into its slot from the cache (prefix_cache.py)."""
+
+    def reuse(self, request: Request) -> int: ...
+
+
 class EngineStopped(RuntimeError):
     """A request submitted to an engine loop that stopped (or died): never queued. Here, beside
     QueueFull, so the HTTP server can catch both without importing the engine (torch)."""
@@ -45,6 +57,7 @@ class Scheduler:
         max_waiting: int,
         max_prefill_tokens: int,
         clock: Callable[[], float] = time.monotonic,
+        prefix: PrefixReuse | None = None,
     ) -> None:
         if max_waiting < 1:
             raise ValueError(f"max_waiting must be at least 1, got {max_waiting}")
@@ -54,6 +67,7 @@ class Scheduler:
         self.max_waiting = max_waiting
         self.max_prefill_tokens = max_prefill_tokens
         self._clock = clock
+        self.prefix = prefix
         self._waiting: deque[Request] = deque()
         # A dict keeps admission order and removes a finished request in O(1). Keyed by the
         # object, not the request id: ids are the caller's and need not be unique (a /predict
@@ -97,6 +111,10 @@ class Scheduler:
             del self._running[id(request)]
         else:
             self._waiting.remove(request)
+        # Samples waiting for this request's prompt (n > 1) prefill it themselves now.
+        for fork in request.forks:
+            if fork.fork_of is request:
+                fork.fork_of = None
         if request.slot is not None:
             self.pool.free(request.slot)
             request.slot = None
@@ -118,19 +136,47 @@ class Scheduler:
         for request in self._running.values():  # prompts admitted earlier, in admission order
             if budget == 0:
                 break
-            if request.num_prefilled < request.num_prompt_tokens:
+            if request.fork_of is None and request.num_prefilled < request.num_prompt_tokens:
                 budget -= self._plan_chunk(request, budget)
                 prefill.append(request)
-        while self._waiting and self.pool.free_slots > 0 and budget > 0:
-            request = self._waiting.popleft()
-            request.slot = self.pool.allocate(request.request_id)
-            request.status = RequestStatus.RUNNING
-            self._running[id(request)] = request
+        while self._waiting and budget > 0:
+            request = self._waiting[0]
+            if request.fork_of is not None:  # queued after its prompt's request was admitted:
+                request.fork_of = None  # it prefills the prompt itself
+            # The samples of one prompt take their slots together: their prefill is one.
+            group = [request, *(f for f in request.forks if f.fork_of is request and not f.finished)]
+            if len(group) > self.pool.free_slots:
+                break
+            for member in group:
+                self._waiting.remove(member)
+                member.slot = self.pool.allocate(member.request_id)
+                member.status = RequestStatus.RUNNING
+                self._running[id(member)] = member
+            if self.prefix is not None:  # a cached prefix is prefilled already
+                request.num_prefilled = self.prefix.reuse(request)
             budget -= self._plan_chunk(request, budget)
             prefill.append(request)
 
+        pairs = [
+            (fork, request)
+            for request in prefill
+            if request.prefill_completes
+            for fork in request.forks
+            if fork.fork_of is request and not fork.finished
+        ]
+        for fork, _ in pairs:  # the runner copies the prompt's keys and values into their slots
+            fork.fork_of = None
+            fork.num_prefilled = fork.num_prompt_tokens
+        forks, sources = tuple(f for f, _ in pairs), tuple(r for _, r in pairs)
         chunks = tuple((r.prefill_start, r.prefill_length) for r in prefill)
-        return StepPlan(prefill=tuple(prefill), decode=decode, finished=tuple(finished), prefill_chunks=chunks)
+        return StepPlan(
+            prefill=tuple(prefill),
+            decode=decode,
+            finished=tuple(finished),
+            prefill_chunks=chunks,
+            forks=forks,
+            fork_sources=sources,
+        )
 
     @staticmethod
     def _plan_chunk(request: Request, budget: int) -> int:

@@ -39,7 +39,7 @@ def test_a_roomy_machine_passes_every_check() -> None:
     assert verdicts(ROOMY) == dict.fromkeys(["cores", "memory", "disk", "device", "step graphs", "libraries"], "ok")
 
 
-def test_the_memory_need_is_the_budget_rule_plus_the_kv_pool() -> None:
+def test_the_memory_need_is_the_budget_rule_plus_the_kv_pool_and_the_prefix_cache() -> None:
     config = load_config(TINY_CONFIG)
     needs = needs_of(config)
     from aieng_core.bundle.serving_bundle import kv_cache_bytes
@@ -48,8 +48,13 @@ def test_the_memory_need_is_the_budget_rule_plus_the_kv_pool() -> None:
     model_config = LlamaConfig(vocab_size=config.tokenizer.vocab_size, **config.model.model_dump())
     assert needs.kv_cache_bytes == kv_cache_bytes(model_config, config.bundle.max_batch, config.bundle.max_context)
     assert needs.weights_bytes == needs.parameters * 4
-    # The rule the gate's warmup holds a server to (model/memory.py), to the byte.
-    assert needs.serving_memory_bytes == budget_bytes(needs.parameters, "fp32") + needs.kv_cache_bytes
+    # Every position the prefix cache holds costs what a pool position costs, keys and values of every layer.
+    per_position = kv_cache_bytes(model_config, 1, 1) // 2  # a slot is max_context + 1 (scratch) positions
+    assert needs.prefix_cache_bytes == config.serving.prefix_cache_tokens * per_position > 0
+    # The rule the gate's warmup holds a server to (model/memory.py), to the byte, plus both caches.
+    assert needs.serving_memory_bytes == (
+        budget_bytes(needs.parameters, "fp32") + needs.kv_cache_bytes + needs.prefix_cache_bytes
+    )
     assert abs(budget_bytes(needs.parameters, "fp32") - (needs.weights_bytes * 1.3 + 2 * GIB)) < 1e-4 * GIB
     int8 = needs_of(config.model_copy(update={"bundle": config.bundle.model_copy(update={"weights": "int8"})}))
     assert int8.weights_bytes == needs.parameters and int8.disk_bytes == needs.disk_bytes

@@ -93,8 +93,8 @@ def test_without_a_bound_the_reply_may_run_to_the_end_of_the_context(server: Ser
             "messages",
             "messages.0.content.0.type: Input should be 'text'",
         ),
-        ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n", "n=2 is not supported"),
-        ({"messages": [{"role": "user", "content": "x"}], "logprobs": True}, "logprobs", "not supported"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 0}, "n", "greater than or equal to 1"),
+        ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs", "logprobs to be true"),
         ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools", "not supported"),
         ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 500}, "max_completion_tokens", ""),
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 500}, "max_tokens", "max_tokens"),
@@ -108,7 +108,7 @@ def test_without_a_bound_the_reply_may_run_to_the_end_of_the_context(server: Ser
         "no-content",
         "image-part",
         "n",
-        "logprobs",
+        "top-logprobs-without-logprobs",
         "tools",
         "max-completion-tokens",
         "max-tokens",
@@ -128,3 +128,31 @@ def test_the_openai_client_sees_a_refused_conversation_as_a_bad_request(server: 
     with pytest.raises(openai.BadRequestError) as raised:
         server.client().chat.completions.create(model="aieng", messages=[{"role": "tool", "content": "x"}])
     assert raised.value.body["code"] == "chat_template_error"
+
+
+def test_a_shared_system_prompt_is_reused_from_the_prefix_cache(server: Server, bundle_path: Path) -> None:
+    from aieng_core.serving.chat_template import ChatTemplate
+    from aieng_core.serving.prefix_cache import BLOCK_TOKENS
+    from aieng_core.tokenizer.bpe import load_tokenizer
+
+    template, tokenizer = ChatTemplate.of_directory(bundle_path), load_tokenizer(bundle_path)
+    system = {"role": "system", "content": "Pipelines: answer briefly."}
+    conversations = [[system, {"role": "user", "content": question}] for question in ("Why?", "数据?")]
+    ids = [tokenizer.encode(template.render(c, True), add_special_tokens=False).ids for c in conversations]
+    shared = next(n for n, (a, b) in enumerate(zip(*ids, strict=False)) if a != b)
+    assert shared >= 2 * BLOCK_TOKENS  # the system prompt fills whole blocks
+    queries, hits = server.metric("aieng_prefix_cache_queries_total"), server.metric("aieng_prefix_cache_hits_total")
+    client = server.client()
+    replies = [
+        client.chat.completions.create(model="aieng", messages=c, max_tokens=2, temperature=0) for c in conversations
+    ]
+    assert [r.usage.prompt_tokens for r in replies] == [len(i) for i in ids]
+    # The second conversation reuses the full blocks of what it shares with the first; the
+    # first found nothing (this server never saw that system prompt).
+    assert server.metric("aieng_prefix_cache_queries_total") - queries == len(ids[0]) + len(ids[1])
+    assert server.metric("aieng_prefix_cache_hits_total") - hits == shared // BLOCK_TOKENS * BLOCK_TOKENS
+    rate = server.metric("aieng_prefix_cache_hit_rate")
+    assert rate == pytest.approx(
+        server.metric("aieng_prefix_cache_hits_total") / server.metric("aieng_prefix_cache_queries_total")
+    )
+    assert server.metric("aieng_prefix_cache_bytes") > 0 and server.metric("aieng_prefix_cache_blocks") > 0

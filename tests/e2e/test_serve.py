@@ -177,8 +177,8 @@ def test_openai_client_model_names_and_seeds(server: Server, serving_bundle_arti
     ("path", "body", "param"),
     [
         ("/v1/completions", {"prompt": "a", "foo": 1}, "foo"),
-        ("/v1/completions", {"prompt": "a", "logprobs": 1}, "logprobs"),
-        ("/v1/completions", {"prompt": "a", "n": 2}, "n"),
+        ("/v1/completions", {"prompt": "a", "logprobs": 21}, "logprobs"),
+        ("/v1/completions", {"prompt": "a", "n": 0}, "n"),
         ("/v1/completions", {"prompt": "a", "best_of": 3}, "best_of"),
         ("/v1/completions", {"prompt": "a", "presence_penalty": 2.5}, "presence_penalty"),
         ("/v1/completions", {"prompt": "a", "frequency_penalty": -3}, "frequency_penalty"),

@@ -2,8 +2,8 @@
 
 Every request model forbids unknown fields and bounds every value: a typo'd parameter that a
 server silently ignores is how evaluation harnesses get wrong numbers against it. OpenAI
-parameters we do not implement are accepted only at their neutral value (logprobs null,
-echo false, n 1, ...) and are otherwise refused with an error naming them.
+parameters we do not implement are accepted only at their neutral value (best_of 1, suffix
+null, no tools, ...) and are otherwise refused with an error naming them.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pydantic import (
     field_validator,
 )
 
-from aieng_core.serving.request import FinishReason, SamplingParams
+from aieng_core.serving.request import MAX_LOGPROBS, FinishReason, SamplingParams
 
 # Bounds that keep one request from asking the server for unbounded work or memory; the
 # engine's own limits (max_context) are checked by the engine and named in its error.
@@ -184,7 +184,7 @@ class _OpenAIRequest(_Body):
     # them: on the logits of each step, the penalties counting the request's output tokens.
     presence_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
     frequency_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
-    # Not implemented yet: its neutral value only.
+    # Choices per prompt: the prompt is prefilled once, and each sample decodes in its own slot.
     n: int | None = Field(default=1, ge=1, le=128)
     logit_bias: (
         dict[Annotated[str, StringConstraints(max_length=12)], Annotated[float, Field(ge=-100, le=100)]] | None
@@ -202,13 +202,6 @@ class _OpenAIRequest(_Body):
     def _stop_bounded(cls, value: str | list[str] | None) -> str | list[str] | None:
         if isinstance(value, list) and len(value) > MAX_STOP_STRINGS:
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(value)}")
-        return value
-
-    @field_validator("n")
-    @classmethod
-    def _single_choice(cls, value: int | None, info: ValidationInfo) -> int | None:
-        if value is not None and value > 1:
-            raise _unsupported(info.field_name, value)
         return value
 
     @field_validator("logit_bias")
@@ -232,8 +225,17 @@ class _OpenAIRequest(_Body):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
     @property
+    def samples(self) -> int:
+        return self.n if self.n is not None else 1
+
+    @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def engine_logprobs(self) -> int | None:
+        """SamplingParams.logprobs as this request asks for them."""
+        return None
 
     def sampling_params_for(self, max_new_tokens: int) -> SamplingParams:
         # OpenAI's seed is any 64-bit integer; our generators take a non-negative one.
@@ -249,6 +251,7 @@ class _OpenAIRequest(_Body):
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             logit_bias=tuple(sorted((int(token), float(value)) for token, value in (self.logit_bias or {}).items())),
+            logprobs=self.engine_logprobs,
         )
 
 
@@ -259,7 +262,8 @@ class CompletionRequest(_OpenAIRequest):
     prompt: Prompt | list[Prompt] | TokenIds | list[TokenIds]
     max_tokens: int | None = Field(default=16, ge=1, le=MAX_NEW_TOKENS)
     best_of: int | None = Field(default=None, ge=1, le=128)
-    logprobs: int | None = Field(default=None, ge=0, le=20)
+    # The chosen token's log-probability and this many top ones per step (0: the chosen one's only).
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: StrictBool | None = False  # the prompt before each choice's text
     suffix: Annotated[str, StringConstraints(max_length=MAX_PROMPT_CHARS)] | None = None
 
@@ -284,16 +288,37 @@ class CompletionRequest(_OpenAIRequest):
             raise _unsupported(info.field_name, value)
         return value
 
-    @field_validator("logprobs", "suffix")
+    @field_validator("suffix")
     @classmethod
     def _must_be_null(cls, value: Any, info: ValidationInfo) -> Any:
         if value is not None:
             raise _unsupported(info.field_name, value)
         return value
 
+    @field_validator("echo")
+    @classmethod
+    def _no_prompt_logprobs(cls, value: bool | None, info: ValidationInfo) -> bool | None:
+        # With echo, OpenAI's logprobs cover the prompt's tokens too: the prefill computes the
+        # logits of each prompt's last token only.
+        if value and info.data.get("logprobs") is not None:
+            raise ValueError("echo with logprobs (log-probabilities of the prompt's tokens) is not supported")
+        return value
+
+    @property
+    def engine_logprobs(self) -> int | None:
+        return self.logprobs
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_at_least_n(cls, value: int | None, info: ValidationInfo) -> int | None:
+        n = info.data.get("n")
+        if value is not None and n is not None and value < n:
+            raise ValueError(f"best_of ({value}) must be at least n ({n}), as OpenAI requires")
+        return value
+
     @property
     def prompts(self) -> list[str | list[int]]:
-        """One entry per choice: a text or a list of token ids."""
+        """One entry per prompt (n choices each): a text or a list of token ids."""
         prompt = self.prompt
         if isinstance(prompt, str) or isinstance(prompt[0], int):
             return [prompt]
@@ -347,9 +372,10 @@ class ChatCompletionRequest(_OpenAIRequest):
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)  # OpenAI's older name
     # vLLM's: end the prompt with the template's opening of an assistant reply.
     add_generation_prompt: StrictBool = True
-    # Parameters of the OpenAI API this server does not implement: neutral values only.
+    # The chosen token's log-probability, with top_logprobs of the most likely ones per step.
     logprobs: StrictBool | None = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    # Parameters of the OpenAI API this server does not implement: neutral values only.
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = Field(default=None, max_length=128)
     tool_choice: Literal["none"] | None = None
@@ -360,19 +386,16 @@ class ChatCompletionRequest(_OpenAIRequest):
     def _own_numbers_only(cls, value: Any) -> Any:
         return json_number(value)
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, value: bool | None) -> bool | None:
-        if value:
-            raise _unsupported("logprobs", value)
-        return value
-
     @field_validator("top_logprobs")
     @classmethod
-    def _no_top_logprobs(cls, value: int | None) -> int | None:
-        if value:
-            raise _unsupported("top_logprobs", value)
+    def _top_logprobs_with_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs to be true, as OpenAI requires")
         return value
+
+    @property
+    def engine_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @field_validator("tools")
     @classmethod
@@ -404,10 +427,34 @@ class ChatCompletionRequest(_OpenAIRequest):
 OpenAIFinishReason = Literal["stop", "length"]
 
 
+class CompletionLogprobs(_Response):
+    """The legacy completions shape (logprobs.py)."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class TopLogprob(_Response):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(_Response):
+    content: list[ChatTokenLogprob] | None
+    refusal: None = None
+
+
 class CompletionChoice(_Response):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: OpenAIFinishReason | None
 
 
@@ -425,7 +472,7 @@ class ChatReply(_Response):
 class ChatChoice(_Response):
     index: int
     message: ChatReply
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: OpenAIFinishReason | None
 
 
@@ -446,7 +493,7 @@ class ChatDelta(_Response):
 class ChatChunkChoice(_Response):
     index: int
     delta: ChatDelta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: OpenAIFinishReason | None
 
 

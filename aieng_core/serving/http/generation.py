@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -107,6 +108,7 @@ class Generation:
         self.requests: list[Request] = []
         self.finals: dict[int, RequestOutput] = {}
         self.largest_batch = 0  # the most sequences a step of this request ran with
+        self.samples = 1  # choices per prompt (n)
         self._released = False
 
     @property
@@ -120,20 +122,26 @@ class Generation:
         prompts: Sequence[str | Sequence[int]],
         params: SamplingParams,
         rename: dict[str, str] | None = None,
+        samples: int = 1,
     ) -> None:
+        """`samples` (OpenAI's n) choices of each prompt: choice prompt * n + sample, as OpenAI
+        and vLLM number them; with a seed, sample s draws from seed + s (vLLM's rule), so the
+        samples differ and each is reproducible."""
         loop = asyncio.get_running_loop()
+        self.samples = samples
+        choices = len(prompts) * samples
         submissions = [
             (
-                request_id if len(prompts) == 1 else f"{request_id}-{index}",
-                prompt,
-                params,
+                request_id if choices == 1 else f"{request_id}-{index}",
+                prompts[index // samples],
+                sample_params(params, index % samples),
                 self._sink(loop, index, RequestTracker(self.state.metrics, time.monotonic)),
             )
-            for index, prompt in enumerate(prompts)
+            for index in range(choices)
         ]
         # Every prompt or none: a refused list leaves no sequence behind.
         try:
-            self.requests = self.replica.loop.submit_all(submissions)
+            self.requests = self.replica.loop.submit_all(submissions, samples)
         except RequestError as exc:
             raise request_error(exc, rename=rename) from None
         except QueueFull:
@@ -235,7 +243,7 @@ class Generation:
         if context is None:
             return
         context.fields.update(
-            prompt_tokens=sum(o.prompt_tokens for o in outputs),
+            prompt_tokens=sum(o.prompt_tokens for o in outputs[:: self.samples]),
             completion_tokens=sum(len(o.token_ids) for o in outputs),
             finish_reason=",".join(sorted({str(o.finish_reason) for o in outputs})),
             batch_size=self.largest_batch,
@@ -261,6 +269,7 @@ def begin(
     model: str | None = None,
     rename: dict[str, str] | None = None,
     stream: bool = False,
+    samples: int = 1,
 ) -> Generation:
     """Take a replica, then build the request's sampling parameters from that replica's own
     defaults (a swap may install another bundle at any moment: the defaults of the bundle that
@@ -272,7 +281,7 @@ def begin(
     def prepare(replica: Replica) -> Prepared:
         return prompts, checked_params(lambda: params_for(replica.defaults), rename)
 
-    return begin_with(state, request_id, prepare, model, rename, stream)
+    return begin_with(state, request_id, prepare, model, rename, stream, samples)
 
 
 Prepared = tuple[Sequence[str | Sequence[int]], SamplingParams]
@@ -285,6 +294,7 @@ def begin_with(
     model: str | None = None,
     rename: dict[str, str] | None = None,
     stream: bool = False,
+    samples: int = 1,
 ) -> Generation:
     """begin() for a request whose prompts, too, depend on the replica that answers (a chat
     is rendered through that replica's bundle's template): `prepare(replica)` gives the
@@ -298,7 +308,7 @@ def begin_with(
     try:
         check_model(model, replica)
         prompts, params = prepare(replica)
-        generation.submit(request_id, prompts, params, rename)
+        generation.submit(request_id, prompts, params, rename, samples)
     except BaseException:
         generation.close()
         raise
@@ -328,8 +338,16 @@ def finish_reason(output: RequestOutput) -> OpenAIFinishReason:
     return cast(OpenAIFinishReason, output.finish_reason)
 
 
-def usage(outputs: Sequence[RequestOutput]) -> Usage:
-    prompt_tokens = sum(o.prompt_tokens for o in outputs)
+def sample_params(params: SamplingParams, sample: int) -> SamplingParams:
+    """The parameters of a prompt's sample number `sample` (0: the request's own)."""
+    if sample == 0 or params.seed is None:
+        return params
+    return dataclasses.replace(params, seed=(params.seed + sample) % (1 << 63))
+
+
+def usage(outputs: Sequence[RequestOutput], samples: int = 1) -> Usage:
+    """OpenAI's usage: each prompt counted once, however many samples (n) it has."""
+    prompt_tokens = sum(o.prompt_tokens for o in outputs[::samples])
     completion_tokens = sum(len(o.token_ids) for o in outputs)
     return Usage(
         prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens

@@ -64,6 +64,14 @@ METRIC_HELP: dict[str, str] = {
     "aieng_kv_cache_free_slots": "KV-cache slots free for a new sequence.",
     "aieng_kv_cache_slots": "KV-cache slots in the pool (the engine's max_batch).",
     "aieng_kv_cache_bytes": "Bytes preallocated by the KV-cache pool.",
+    "aieng_prefix_cache_queries_total": "Prompt tokens of requests that took a KV-cache slot, each looked up in the "
+    "prefix cache (serving.prefix_cache_tokens).",
+    "aieng_prefix_cache_hits_total": "Of those prompt tokens, the ones whose keys and values came from the prefix "
+    "cache instead of a prefill.",
+    "aieng_prefix_cache_hit_rate": "aieng_prefix_cache_hits_total / aieng_prefix_cache_queries_total since the "
+    "server started (0 before any query); for a window, divide the counters' rates.",
+    "aieng_prefix_cache_blocks": "Blocks of 16 prompt tokens held in the prefix cache now.",
+    "aieng_prefix_cache_bytes": "Bytes preallocated by the prefix cache (0: off).",
     "aieng_process_resident_memory_bytes": "Resident memory of the server process (RSS).",
     "aieng_batch_size": "Sequences run by one engine step (prefill plus decode).",
     "aieng_requests_rejected_total": "Generation requests refused: overloaded (429), draining (503), timeout (504).",
@@ -164,6 +172,13 @@ class ServingMetrics:
         self.kv_free_slots = Gauge("aieng_kv_cache_free_slots", h["aieng_kv_cache_free_slots"], registry=r)
         self.kv_slots = Gauge("aieng_kv_cache_slots", h["aieng_kv_cache_slots"], registry=r)
         self.kv_bytes = Gauge("aieng_kv_cache_bytes", h["aieng_kv_cache_bytes"], registry=r)
+        self.prefix_queries = Counter("aieng_prefix_cache_queries", h["aieng_prefix_cache_queries_total"], registry=r)
+        self.prefix_hits = Counter("aieng_prefix_cache_hits", h["aieng_prefix_cache_hits_total"], registry=r)
+        self.prefix_hit_rate = Gauge("aieng_prefix_cache_hit_rate", h["aieng_prefix_cache_hit_rate"], registry=r)
+        self._prefix_counts = (0, 0)  # (queried, hit) tokens: the counters' values, readable
+        self.prefix_hit_rate.set_function(self._prefix_hit_rate)
+        self.prefix_blocks = Gauge("aieng_prefix_cache_blocks", h["aieng_prefix_cache_blocks"], registry=r)
+        self.prefix_bytes = Gauge("aieng_prefix_cache_bytes", h["aieng_prefix_cache_bytes"], registry=r)
         self.rss = Gauge("aieng_process_resident_memory_bytes", h["aieng_process_resident_memory_bytes"], registry=r)
         self.rss.set_function(_rss_bytes)
         self.bundle_info = Gauge("aieng_bundle_info", h["aieng_bundle_info"], ["bundle_id"], registry=r)
@@ -225,10 +240,24 @@ class ServingMetrics:
         self.kv_free_slots.set(stats.free_slots)
         self.kv_slots.set(stats.max_batch)
         self.kv_bytes.set(stats.kv_cache_bytes)
+        self.prefix_blocks.set(stats.prefix_cache_blocks)
+        self.prefix_bytes.set(stats.prefix_cache_bytes)
 
-    def observe_step(self, batch_size: int) -> None:
-        if batch_size > 0:
-            self.batch_size.observe(batch_size)
+    def observe_step(self, step: Any) -> None:
+        """A StepStats of the engine thread: its batch and its prefix-cache lookups."""
+        if step.batch_size > 0:
+            self.batch_size.observe(step.batch_size)
+        if step.prefix_queried_tokens:
+            self.prefix_queries.inc(step.prefix_queried_tokens)
+            self.prefix_hits.inc(step.prefix_hit_tokens)
+            self._prefix_counts = (
+                self._prefix_counts[0] + step.prefix_queried_tokens,
+                self._prefix_counts[1] + step.prefix_hit_tokens,
+            )
+
+    def _prefix_hit_rate(self) -> float:
+        queried, hit = self._prefix_counts  # one tuple, so a scrape never reads half an update
+        return hit / queried if queried else 0.0
 
     def observe_finished(
         self,

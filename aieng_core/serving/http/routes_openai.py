@@ -15,8 +15,10 @@ from aieng_core.serving.http.api_models import (
     ChatChoice,
     ChatCompletionRequest,
     ChatCompletionResponse,
+    ChatLogprobs,
     ChatReply,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
     ModelCard,
@@ -34,6 +36,7 @@ from aieng_core.serving.http.generation import (
     run_to_end,
     usage,
 )
+from aieng_core.serving.http.logprobs import CompletionLogprobsStream, TokenTexts, chat_logprobs
 from aieng_core.serving.http.logs import request_id_for
 from aieng_core.serving.http.replica import Replica
 from aieng_core.serving.http.state import ServingState, serving_state
@@ -59,15 +62,29 @@ async def completions(
     request_id = request_id_for(body.request_id)
     # OpenAI's defaults are the API's own (the request model's), not the bundle's.
     params = checked_params(body.sampling_params, rename=OPENAI_NAMES)
+    samples = body.samples
     generation = begin(
-        state, request_id, body.prompts, lambda _bundle_defaults: params, body.model, OPENAI_NAMES, bool(body.stream)
+        state,
+        request_id,
+        body.prompts,
+        lambda _bundle_defaults: params,
+        body.model,
+        OPENAI_NAMES,
+        bool(body.stream),
+        samples,
     )
     # echo: each choice's text starts with its prompt (token ids decoded by the answering bundle).
-    tokenizer = generation.replica.loop.engine.tokenizer
+    engine = generation.replica.loop.engine
+    tokenizer = engine.tokenizer
+    texts = token_texts(engine) if body.logprobs is not None else None
     echo = None
     if body.echo:
         try:
-            echo = [p if isinstance(p, str) else tokenizer.decode(p, skip_special_tokens=False) for p in body.prompts]
+            echo = [
+                p if isinstance(p, str) else tokenizer.decode(p, skip_special_tokens=False)
+                for p in body.prompts
+                for _ in range(samples)
+            ]
         except BaseException:
             generation.close()
             raise
@@ -78,13 +95,20 @@ async def completions(
             created=created,
             model=model,
             choices=[
-                CompletionChoice(index=i, text=(echo[i] if echo else "") + o.text, finish_reason=finish_reason(o))
+                CompletionChoice(
+                    index=i,
+                    text=(echo[i] if echo else "") + o.text,
+                    finish_reason=finish_reason(o),
+                    logprobs=None
+                    if texts is None
+                    else CompletionLogprobs(**CompletionLogprobsStream(texts).of(o.logprobs)),
+                )
                 for i, o in enumerate(outputs)
             ],
-            usage=usage(outputs),
+            usage=usage(outputs, samples),
         )
 
-    return await answer(request, generation, request_id, body, CompletionChunks(echo), whole)
+    return await answer(request, generation, request_id, body, CompletionChunks(echo, texts), whole)
 
 
 async def answer(
@@ -143,9 +167,12 @@ async def chat_completions(
     request: HttpRequest, body: ChatCompletionRequest, state: ServingState = Depends(serving_state)
 ) -> Any:
     request_id = request_id_for(body.request_id)
-    generation = begin_with(
-        state, request_id, lambda replica: chat_prompt(body, replica), body.model, body.engine_names, bool(body.stream)
-    )
+
+    def prepare(replica: Replica) -> Prepared:
+        return chat_prompt(body, replica)
+
+    generation = begin_with(state, request_id, prepare, body.model, body.engine_names, bool(body.stream), body.samples)
+    texts = token_texts(generation.replica.loop.engine) if body.logprobs else None
 
     def whole(created: int, model: str, outputs: list[RequestOutput]) -> ChatCompletionResponse:
         return ChatCompletionResponse(
@@ -153,13 +180,23 @@ async def chat_completions(
             created=created,
             model=model,
             choices=[
-                ChatChoice(index=i, message=ChatReply(content=o.text), finish_reason=finish_reason(o))
+                ChatChoice(
+                    index=i,
+                    message=ChatReply(content=o.text),
+                    finish_reason=finish_reason(o),
+                    logprobs=None if texts is None else ChatLogprobs.model_validate(chat_logprobs(texts, o.logprobs)),
+                )
                 for i, o in enumerate(outputs)
             ],
-            usage=usage(outputs),
+            usage=usage(outputs, body.samples),
         )
 
-    return await answer(request, generation, request_id, body, ChatChunks(), whole)
+    return await answer(request, generation, request_id, body, ChatChunks(body.samples, texts), whole)
+
+
+def token_texts(engine: Any) -> TokenTexts:
+    """How the answering engine's tokens are named in logprobs."""
+    return TokenTexts(engine.tokenizer, engine.token_bytes)
 
 
 @router.get("/v1/models", response_model=ModelList)

@@ -168,7 +168,7 @@ class ServingState:
 
     # ---- loading and swapping ----------------------------------------------------------------
     def _on_step(self, step: StepStats, _engine_stats: EngineStats) -> None:
-        self.metrics.observe_step(step.batch_size)
+        self.metrics.observe_step(step)
 
     async def _open(self, path: Path) -> Replica:
         # Not asyncio.to_thread: see in_a_thread_of_its_own (the engine thread must be the

@@ -24,7 +24,9 @@ from starlette.types import Receive, Scope, Send
 
 from aieng_core.serving.http.errors import ApiError, ClientGone, unfinished_error
 from aieng_core.serving.http.generation import Generation, unless_disconnected, usage, wait_for_disconnect
+from aieng_core.serving.http.logprobs import CompletionLogprobsStream, TokenTexts, chat_logprobs
 from aieng_core.serving.http.provenance import stream_field
+from aieng_core.serving.request import TokenLogprob
 
 DONE = "data: [DONE]\n\n"
 
@@ -68,35 +70,55 @@ class EventStream(StreamingResponse):
 
 
 class CompletionChunks:
-    """OpenAI's `text_completion` chunks: one per new piece of text; with `echo`, each choice's
-    prompt first."""
+    """OpenAI's `text_completion` chunks: one per new piece of text; with `echo` (a text per
+    choice), each choice's prompt first; with `texts` (logprobs asked), each chunk's tokens'
+    log-probabilities, their text offsets running on from the choice's start."""
 
     object = "text_completion"
     id_prefix = "cmpl-"
 
-    def __init__(self, echo: Sequence[str] | None = None) -> None:
+    def __init__(self, echo: Sequence[str] | None = None, texts: TokenTexts | None = None) -> None:
         self.echo = list(echo or ())
+        self.texts = texts
+        self._logprobs: dict[int, CompletionLogprobsStream] = {}
 
     def opening(self) -> list[dict[str, Any]]:
         return [self.choice(index, text, None) for index, text in enumerate(self.echo)]
 
-    def choice(self, index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    def choice(
+        self, index: int, text: str, finish_reason: str | None, entries: Sequence[TokenLogprob] = ()
+    ) -> dict[str, Any]:
+        logprobs = None
+        if self.texts is not None and entries:
+            if index not in self._logprobs:
+                start = len(self.echo[index]) if self.echo else 0
+                self._logprobs[index] = CompletionLogprobsStream(self.texts, start)
+            logprobs = self._logprobs[index].of(entries)
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 class ChatChunks:
-    """OpenAI's `chat.completion.chunk`s: the role first (empty content), then a delta per new
-    piece of text, the finish reason with the last one (an empty delta when it brings no text)."""
+    """OpenAI's `chat.completion.chunk`s: the role first (empty content), one per choice, then a
+    delta per new piece of text, the finish reason with the last one (an empty delta when it
+    brings no text); with `texts` (logprobs asked), each chunk's tokens' log-probabilities."""
 
     object = "chat.completion.chunk"
     id_prefix = "chatcmpl-"
 
-    def opening(self) -> list[dict[str, Any]]:
-        return [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
+    def __init__(self, choices: int = 1, texts: TokenTexts | None = None) -> None:
+        self.choices = choices
+        self.texts = texts
 
-    def choice(self, index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+    def opening(self) -> list[dict[str, Any]]:
+        role = {"role": "assistant", "content": ""}
+        return [{"index": i, "delta": role, "logprobs": None, "finish_reason": None} for i in range(self.choices)]
+
+    def choice(
+        self, index: int, text: str, finish_reason: str | None, entries: Sequence[TokenLogprob] = ()
+    ) -> dict[str, Any]:
         delta = {"content": text} if text else {}
-        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        logprobs = chat_logprobs(self.texts, entries) if self.texts is not None and entries else None
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 async def stream_completion(
@@ -135,8 +157,8 @@ async def stream_completion(
             payload["usage"] = None
         return payload
 
-    def chunk(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
-        return payload_of(shape.choice(index, text, finish_reason))
+    def chunk(index: int, text: str, finish_reason: str | None, entries: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
+        return payload_of(shape.choice(index, text, finish_reason, entries))
 
     named = stream_field(generation.provenance)
 
@@ -144,6 +166,9 @@ async def stream_completion(
         # Every output already queued is written in one go: one write per wake-up, not per token.
         batch = [first]
         finals: set[int] = set()
+        # Log-probabilities of tokens that brought no text yet (part of a character, or held
+        # back as a possible stop string): sent with their choice's next chunk.
+        pending: dict[int, list[TokenLogprob]] = {}
         pieces = [sse(payload_of(choice)) for choice in shape.opening()]
         while True:
             ended = False
@@ -156,15 +181,19 @@ async def stream_completion(
                 if output.finished:
                     finals.add(index)
                 done = len(finals) == len(generation.requests)
+                if output.new_logprobs:
+                    pending.setdefault(index, []).extend(output.new_logprobs)
                 if output.new_text or output.finished:
-                    payload = chunk(index, output.new_text, output.finish_reason if output.finished else None)
+                    reason = output.finish_reason if output.finished else None
+                    payload = chunk(index, output.new_text, reason, pending.pop(index, ()))
                     last = done and not include_usage
                     pieces.append(sse({**payload, **named} if last else payload))
                 if done:
                     outputs = generation.outputs()
                     generation.record(outputs)
                     if include_usage:
-                        usage_chunk = {**chunk(0, "", None), "choices": [], "usage": usage(outputs).model_dump()}
+                        totals = usage(outputs, generation.samples).model_dump()
+                        usage_chunk = {**chunk(0, "", None), "choices": [], "usage": totals}
                         pieces.append(sse({**usage_chunk, **named}))
                     ended = True
                     break

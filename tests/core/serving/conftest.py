@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from aieng_core.model.hf_files import load_model
+from aieng_core.model.llama import LlamaForCausalLM
 from aieng_core.serving.engine import Engine, EngineLimits
 from aieng_core.tokenizer.bpe import load_tokenizer
 
@@ -30,3 +31,17 @@ def make_engine(tiny_model, tiny_tokenizer):
         return Engine(tiny_model, tiny_tokenizer, limits, tiny_model.config.eos_token_id)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def sensitive_model(tiny_model) -> LlamaForCausalLM:
+    # Randomly initialised, of the tiny shape, with matrices 15x the usual init: attention then
+    # decides the greedy tokens (at the usual init the residual stream is the last token's
+    # embedding, and keys and values that are off do not show), so reused keys that are wrong would.
+    torch.manual_seed(11)
+    model = LlamaForCausalLM(tiny_model.config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() == 2:
+                parameter.normal_(0.0, 0.3)
+    return model

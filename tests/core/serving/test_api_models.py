@@ -21,11 +21,16 @@ def first_error(model: type, body: dict) -> dict:
     return raised.value.errors()[0]
 
 
+def test_best_of_below_n_is_refused_as_openai_refuses_it() -> None:
+    error = first_error(CompletionRequest, {"prompt": "a", "n": 2, "best_of": 1})
+    assert error["loc"] == ("best_of",) and "best_of (1) must be at least n (2)" in error["msg"]
+    assert CompletionRequest.model_validate({"prompt": "a", "n": 3}).samples == 3
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [
-        ({"prompt": "a", "logprobs": 0}, "logprobs"),
-        ({"prompt": "a", "n": 2}, "n"),
+        ({"prompt": "a", "logprobs": 0, "echo": True}, "echo"),
         ({"prompt": "a", "best_of": 2}, "best_of"),
         ({"prompt": "a", "suffix": ""}, "suffix"),
         ({"prompt": "a", "stream_options": {"continuous_usage_stats": True}}, "stream_options"),

@@ -412,3 +412,20 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_every_stream_keeps_decoding(
         engine.step()
     expected = tiny_model.generate_greedy(torch.tensor([long_prompt]), 10)[0, 40:].tolist()
     assert long.output_ids == expected
+
+
+def test_logprobs_are_those_of_the_transformers_model_for_the_same_tokens(make_engine, trained_home) -> None:
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(trained_home.model.path).eval()
+    engine = make_engine(max_batch=4)
+    prompts = _mixed_prompts(engine, 3)
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=9, ignore_eos=True, logprobs=2)
+    for prompt, output in zip(prompts, engine.generate(prompts, params), strict=True):
+        assert [e.token for e in output.logprobs] == list(output.token_ids)
+        with torch.no_grad():
+            logits = reference(torch.tensor([prompt + list(output.token_ids)])).logits[0]
+        expected = torch.log_softmax(logits.float(), dim=-1)[len(prompt) - 1 : -1]
+        for step, entry in enumerate(output.logprobs):
+            assert entry.logprob == pytest.approx(float(expected[step, entry.token]), abs=1e-4)
+            assert [t for t, _ in entry.top] == torch.topk(expected[step], 2).indices.tolist()

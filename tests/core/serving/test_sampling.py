@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from aieng_core.serving.request import Request, RequestError, SamplingParams
+from aieng_core.serving.request import FAILED_TOKEN, Request, RequestError, SamplingParams
 from aieng_core.serving.sampling import make_generator, sample
 
 VOCAB = 50
@@ -303,3 +303,33 @@ def test_a_seeded_penalized_request_draws_the_same_tokens_in_any_batch() -> None
     others = [request(SamplingParams(max_new_tokens=1, temperature=0.7, seed=n)) for n in (1, 2)]
     batched = sample(logits, [others[0], with_output(params, [7, 7, 8]), others[1]])
     assert batched[1] == alone[0]
+
+
+def test_logprobs_are_the_raw_distributions_whatever_the_adjustments() -> None:
+    logits = random_logits(3, seed=21)
+    rows = [
+        request(SamplingParams(max_new_tokens=1, logprobs=3)),
+        request(SamplingParams(max_new_tokens=1)),  # asks for none: gets none
+        request(SamplingParams(max_new_tokens=1, logprobs=0, temperature=1.0, seed=3, logit_bias=((7, 100.0),))),
+    ]
+    tokens = sample(logits, rows)
+    expected = torch.log_softmax(logits, dim=-1)
+    [greedy] = rows[0].logprobs
+    assert greedy.token == tokens[0] and greedy.logprob == pytest.approx(float(expected[0, tokens[0]]), abs=1e-6)
+    top_ids = torch.argsort(expected[0], descending=True, stable=True)[:3].tolist()
+    assert [t for t, _ in greedy.top] == top_ids and greedy.top[0][0] == tokens[0]  # greedy: the most likely
+    assert [v for _, v in greedy.top] == pytest.approx(expected[0, top_ids].tolist(), abs=1e-6)
+    assert rows[1].logprobs == []
+    # The biased token is drawn, and its log-probability is the model's, not the biased one's.
+    [biased] = rows[2].logprobs
+    assert biased.token == tokens[2] == 7 and biased.top == ()
+    assert biased.logprob == pytest.approx(float(expected[2, 7]), abs=1e-6) and biased.logprob < -0.5
+
+
+def test_a_row_that_fails_records_no_logprob() -> None:
+    logits = random_logits(2, seed=5)
+    logits[1] = float("nan")
+    rows = [request(SamplingParams(max_new_tokens=1, logprobs=1, temperature=1.0, seed=s)) for s in (1, 2)]
+    tokens = sample(logits, rows)
+    assert tokens[1] == FAILED_TOKEN
+    assert len(rows[0].logprobs) == 1 and rows[1].logprobs == []
