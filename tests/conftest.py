@@ -24,11 +24,14 @@ os.environ["AIENG_CONFIG"] = str(TINY_CONFIG)
 
 @pytest.fixture(autouse=True)
 def _isolated_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No test reads or writes the developer's ./.aieng or their AIENG_* variables."""
+    """No test reads or writes the developer's ./.aieng or their AIENG_* (or OTEL_*) variables."""
     monkeypatch.setenv("AIENG_HOME", str(tmp_path / "aieng-home"))
     monkeypatch.setenv("AIENG_CONFIG", str(TINY_CONFIG))
     # A promote or rollback reports to the Dagster webserver this names: never the developer's.
     monkeypatch.delenv("AIENG_DAGSTER_URL", raising=False)
+    # Nor does a server in this process export traces to the developer's collector.
+    for name in [name for name in os.environ if name.startswith("OTEL_")]:
+        monkeypatch.delenv(name)
 
 
 @pytest.fixture(autouse=True)

@@ -156,13 +156,17 @@ def start_server(
     admin_token: str | None = None,
     home: Path | None = None,
     wait_for: str = "/health/ready",
+    environment: dict[str, str] | None = None,
     **serving: Any,
 ) -> Server:
     """`aieng serve --bundle PATH`, or with bundle_path None `aieng serve --deployment current`
-    following the production pointer under `home`."""
+    following the production pointer under `home`; `environment` is added to the server's
+    (which never inherits the caller's AIENG_* or OTEL_* variables: no test server exports
+    traces to a collector the developer's shell names)."""
     folder.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AIENG_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIENG_", "OTEL_"))}
     env.update(AIENG_HOME=str(home or folder / "home"), AIENG_CONFIG=str(write_config(folder, **serving)))
+    env.update(environment or {})
     if admin_token is not None:
         env["AIENG_ADMIN_TOKEN"] = admin_token
     port = free_port()

@@ -11,6 +11,7 @@
 - generation.py: one request's engine requests, their outputs, its deadline and usage;
 - streaming.py: server-sent events;
 - middleware.py: request ids and provenance headers, access and request logs, counts, the body limit;
+- tracing.py: OpenTelemetry spans of each request, when the OTEL_* environment asks for them;
 - routes_native.py (/generate, /predict), routes_openai.py (/v1/*), routes_ops.py (health,
   version, metrics), routes_admin.py (/admin/reload);
 - errors.py, api_models.py, api_schema.py, metrics.py, logs.py; server.py runs it all under

@@ -7,6 +7,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,6 +26,9 @@ from aieng_core.serving.http.middleware import BodyLimitMiddleware, RequestConte
 from aieng_core.serving.http.state import ServingState
 from aieng_core.store.request_log import RequestLog
 
+if TYPE_CHECKING:
+    from aieng_core.serving.http.tracing import Tracing
+
 log = logging.getLogger("aieng.serving.http")
 
 
@@ -35,12 +39,15 @@ def create_app(
     follow: Callable[[], PointerTarget] | None = None,
     request_log: RequestLog | None = None,
     config_path: Path | None = None,
+    tracing: Tracing | None = None,
 ) -> FastAPI:
     """Serve the bundle at `bundle_path`, or (with `follow`) whatever a deployment pointer names;
     with `request_log`, one record per answered request (closed when the app shuts down); with
-    `config_path` (the file `config` was read from), aieng_config_valid says whether it still loads."""
+    `config_path` (the file `config` was read from), aieng_config_valid says whether it still loads;
+    with `tracing`, a span per request (tracing.py), the last ones exported when the app shuts down."""
     state = ServingState(Path(bundle_path) if bundle_path is not None else None, config, admin_token, follow)
     state.request_log = request_log
+    state.tracing = tracing
     if config_path is not None:
         state.config_watch = ConfigWatch(Path(config_path))
 
@@ -56,7 +63,12 @@ def create_app(
                 following.cancel()
             if not loading.done():
                 loading.cancel()  # the load thread itself runs on; its replica is never installed
-            await state.shutdown()
+            try:
+                await state.shutdown()
+            finally:
+                if tracing is not None:
+                    # After the last request's span ended; blocking (an export), so not on the loop.
+                    await asyncio.to_thread(tracing.shutdown)
 
     app = FastAPI(title="aieng", version=routes_ops.server_version(), lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.serving = state

@@ -7,6 +7,9 @@ meanwhile; every output when streamed, the final one otherwise). The handler wai
 on that queue under the request's deadline (queue time counts) while watching the client: a
 client that goes away, or a deadline that passes, cancels the engine requests, and the engine
 frees their KV slots at its next step.
+
+When the request is traced (tracing.py), it names on its span what it asked for and what
+answered, and once it is over, its engine requests' queue, prefill and decode spans.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from aieng_core.serving.scheduler import EngineStopped, QueueFull
 
 if TYPE_CHECKING:
     from aieng_core.serving.engine import RequestOutput
+    from aieng_core.serving.http.tracing import RequestTrace
 
 log = logging.getLogger("aieng.serving.http")
 
@@ -109,6 +113,8 @@ class Generation:
         self.finals: dict[int, RequestOutput] = {}
         self.largest_batch = 0  # the most sequences a step of this request ran with
         self.samples = 1  # choices per prompt (n)
+        self.trace: RequestTrace | None = None  # the request's spans, when the server traces
+        self.response_id = ""  # the id the response gives (the request id, or OpenAI's cmpl-...)
         self._released = False
 
     @property
@@ -233,18 +239,23 @@ class Generation:
         if not self._released:
             self._released = True
             self.state.release(self.replica)
+            if self.trace is not None:
+                self.trace.engine(self.requests, time.monotonic())
 
     def latency_ms(self) -> float:
         return round((time.monotonic() - self.arrival) * 1000, 3)
 
     def record(self, outputs: Sequence[RequestOutput]) -> None:
-        """Numbers for this request's access log line."""
+        """Numbers for this request's access log line (and its span)."""
+        totals = usage(outputs, self.samples)
+        if self.trace is not None:
+            self.trace.answered(self.response_id, outputs, totals)
         context = current_context()
         if context is None:
             return
         context.fields.update(
-            prompt_tokens=sum(o.prompt_tokens for o in outputs[:: self.samples]),
-            completion_tokens=sum(len(o.token_ids) for o in outputs),
+            prompt_tokens=totals.prompt_tokens,
+            completion_tokens=totals.completion_tokens,
             finish_reason=",".join(sorted({str(o.finish_reason) for o in outputs})),
             batch_size=self.largest_batch,
         )
@@ -302,12 +313,19 @@ def begin_with(
     arrival = time.monotonic()
     replica = state.acquire()
     generation = Generation(state, replica, arrival, stream)
+    generation.response_id = request_id
     context = current_context()
     if context is not None:  # the response's headers and log line name the replica that answers
         context.provenance = generation.provenance
+        generation.trace = context.trace
+    trace = generation.trace
     try:
+        if trace is not None:
+            trace.generation(model, replica.bundle_id)
         check_model(model, replica)
         prompts, params = prepare(replica)
+        if trace is not None:
+            trace.parameters(params, stream)
         generation.submit(request_id, prompts, params, rename, samples)
     except BaseException:
         generation.close()

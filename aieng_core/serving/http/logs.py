@@ -1,5 +1,5 @@
 """One JSON object per log line on stderr, each carrying the request id of the request it
-belongs to.
+belongs to (and, when the request is traced, its trace and span ids: tracing.py).
 
 The id lives in a contextvar holding a small mutable RequestContext: asyncio copies the
 context into every task a request spawns, so all of the request's log lines see it, and the
@@ -15,7 +15,10 @@ import logging
 import sys
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from aieng_core.serving.http.tracing import RequestTrace
 
 # Fields a log call may add with `extra={...}`; anything else in `extra` is dropped.
 EXTRA_FIELDS = (
@@ -47,6 +50,8 @@ class RequestContext:
     # (bundle id, data version) of the replica a generation request took (provenance.py);
     # None until it took one: the response then names the bundle served now.
     provenance: tuple[str, str] | None = None
+    # The request's spans when the server traces (tracing.py); None when it does not.
+    trace: RequestTrace | None = None
 
 
 _current: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar("aieng_request", default=None)
@@ -62,11 +67,6 @@ def note_refusal(reason: str) -> None:
     context = _current.get()
     if context is not None:
         context.fields.setdefault("error", reason)
-
-
-def current_request_id() -> str | None:
-    context = _current.get()
-    return context.request_id if context is not None else None
 
 
 def bind_request(request_id: str) -> tuple[RequestContext, contextvars.Token]:
@@ -89,13 +89,18 @@ def request_id_for(body_id: str | None) -> str:
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
+        context = _current.get()
         entry: dict[str, Any] = {
             "timestamp": dt.datetime.fromtimestamp(record.created, tz=dt.UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
-            "request_id": getattr(record, "request_id", None) or current_request_id(),
+            "request_id": getattr(record, "request_id", None) or (context.request_id if context is not None else None),
         }
+        if context is not None and context.trace is not None:
+            # What finds the request's trace in the tracing backend, and the trace from a log line.
+            entry["trace_id"] = context.trace.trace_id
+            entry["span_id"] = context.trace.span_id
         for name in EXTRA_FIELDS:
             value = getattr(record, name, None)
             if value is not None:

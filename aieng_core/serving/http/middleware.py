@@ -5,7 +5,9 @@ line of the request, echoes it in the response header beside X-Aieng-Bundle-Id a
 X-Aieng-Data-Version (provenance.py: on every response, errors and streams included), counts
 the response by endpoint and status, writes one access log line and one request log record
 (store/request_log.py; health probes and /metrics scrapes are in neither), and turns an
-exception that escaped a handler into a 500 naming only the request id.
+exception that escaped a handler into a 500 naming only the request id. When the server
+traces (tracing.py), it also opens and ends the request's server span (probes and scrapes
+have none either) and echoes its `traceparent` in the response.
 
 BodyLimitMiddleware: a client may not make the server read, let alone hold, more than
 `max_bytes` of body:
@@ -73,6 +75,11 @@ class RequestContextMiddleware:
         context, token = bind_request(request_id)
         path = scope.get("path", "")
         endpoint = path if path in ENDPOINTS else "other"
+        # Probes and scrapes (many a minute) are kept out of the access and request logs, and traces.
+        quiet = endpoint == "/metrics" or endpoint.startswith("/health")
+        tracing = self.state.tracing
+        if tracing is not None and not quiet:
+            context.trace = tracing.begin(scope.get("method", ""), path, scope.get("headers", ()), started)
         status = {"code": 500, "started": False}
         named: list[Provenance] = []  # what the response's headers said
 
@@ -85,6 +92,8 @@ class RequestContextMiddleware:
                 headers = [(k, v) for k, v in message.get("headers", []) if k.lower() not in ours]
                 headers.append((b"x-request-id", context.request_id.encode("latin-1")))
                 headers += provenance_headers(provenance)
+                if context.trace is not None:  # the server span, for a client to find its trace by
+                    headers.append((b"traceparent", context.trace.traceparent.encode("latin-1")))
                 message = {**message, "headers": headers}
             await send(message)
 
@@ -108,8 +117,7 @@ class RequestContextMiddleware:
                 await error.response()(scope, receive, send_with_id)
         finally:
             self.state.metrics.count_http(endpoint, int(status["code"]))
-            # Probes and scrapes (many a minute) are kept out of the access and request logs.
-            if endpoint != "/metrics" and not endpoint.startswith("/health"):
+            if not quiet:
                 latency_ms = round((time.monotonic() - started) * 1000, 3)
                 log.info(
                     "%s %s %s",
@@ -128,6 +136,9 @@ class RequestContextMiddleware:
                 self.record(
                     arrived, context.request_id, scope, int(status["code"]), provenance, latency_ms, context.fields
                 )
+                if context.trace is not None:
+                    refusal = context.fields.get("error")
+                    context.trace.end(int(status["code"]), context.request_id, provenance, refusal, time.monotonic())
             unbind_request(token)
 
     def record(

@@ -123,6 +123,7 @@ async def answer(
     model, outputs)`; the model named is the bundle that answers."""
     created = int(time.time())
     model = generation.replica.bundle_id
+    generation.response_id = f"{shape.id_prefix}{request_id}"
     if body.stream:
         return await stream_completion(request, generation, request_id, created, model, body.include_usage, shape)
     try:

@@ -106,9 +106,11 @@ def run_server(
     warned about when it is the default. `config_path`, the file `config` was read from, is
     re-validated on every scrape of /metrics (aieng_config_valid)."""
     from aieng_core.serving.http.app import create_app
+    from aieng_core.serving.http.tracing import from_environment
 
     configure_logging(log_level)
     requests = open_request_log(request_log, request_log_given)
+    tracing = from_environment()  # None unless OTEL_* asks for traces
     if config.serving.threads:
         import torch
 
@@ -127,6 +129,7 @@ def run_server(
         follow,
         request_log=requests,
         config_path=config_path,
+        tracing=tracing,
     )
     state = app.state.serving
     serving_what = str(bundle_path) if bundle_path is not None else f"the {pointer} deployment under {follow_home}"

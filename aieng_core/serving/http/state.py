@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from aieng_core.serving.http.config_watch import ConfigWatch
     from aieng_core.serving.http.deployment_watch import RollbackReadiness
     from aieng_core.serving.http.following import PointerTarget
+    from aieng_core.serving.http.tracing import Tracing
     from aieng_core.store.request_log import RequestLog
 
 log = logging.getLogger("aieng.serving.http")
@@ -71,6 +72,7 @@ class ServingState:
         self.rollback: RollbackReadiness | None = None  # the pointer's last rollback check, read on each poll
         self.request_log: RequestLog | None = None  # one record per answered request (middleware.py)
         self.config_watch: ConfigWatch | None = None  # the config file's validity, re-read on each scrape
+        self.tracing: Tracing | None = None  # OpenTelemetry spans of each request (tracing.py); None: off
         self.config = config
         self.admin_token = admin_token or None
         self.metrics = ServingMetrics()

@@ -9,6 +9,9 @@ The last data event before `data: [DONE]` (the last chunk, the usage chunk with
 include_usage, or the error event) also carries `"aieng": {"bundle_id", "data_version"}`
 (provenance.py): what answered, for a client that reads the stream but not its headers. The
 openai client keeps unknown fields of a chunk, so it reads such a stream as any other.
+
+A traced request's stream span (tracing.py) runs from the response's first byte to the last
+one handed to the server.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from starlette.types import Receive, Scope, Send
 from aieng_core.serving.http.errors import ApiError, ClientGone, unfinished_error
 from aieng_core.serving.http.generation import Generation, unless_disconnected, usage, wait_for_disconnect
 from aieng_core.serving.http.logprobs import CompletionLogprobsStream, TokenTexts, chat_logprobs
+from aieng_core.serving.http.logs import current_context
 from aieng_core.serving.http.provenance import stream_field
+from aieng_core.serving.http.tracing import StreamWatch
 from aieng_core.serving.request import TokenLogprob
 
 DONE = "data: [DONE]\n\n"
@@ -52,12 +57,15 @@ class EventStream(StreamingResponse):
         self.on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        context = current_context()
+        trace = context.trace if context is not None else None
+        watch = StreamWatch(send) if trace is not None and trace.recording else None
         try:
             async with anyio.create_task_group() as group:
 
                 async def stream() -> None:
                     try:
-                        await self.stream_response(send)
+                        await self.stream_response(watch or send)
                     except OSError:
                         pass  # the client went away mid-write
                     group.cancel_scope.cancel()
@@ -66,6 +74,8 @@ class EventStream(StreamingResponse):
                 await wait_for_disconnect(receive)
                 group.cancel_scope.cancel()
         finally:
+            if trace is not None and watch is not None:
+                trace.stream(watch)
             self.on_close()
 
 
