@@ -21,15 +21,21 @@ def _sampled(seed: int) -> SamplingParams:
     return SamplingParams(max_new_tokens=10, temperature=1.0, seed=seed, ignore_eos=True)
 
 
-def _run(engine: Engine, requests) -> dict[int, tuple[int, ...]]:
-    """Steps until every request finished; each request's tokens, by id(request)."""
+def _run(engine: Engine, requests=()) -> dict[int, tuple[int, ...]]:
+    """Queues `requests`, then steps until every request finished; each one's tokens, by id(request)."""
+    return {key: tokens for key, (_, tokens) in _finish(engine, requests).items()}
+
+
+def _finish(engine: Engine, requests=()) -> dict[int, tuple[str | None, tuple[int, ...]]]:
+    """Queues `requests`, then steps until every request finished; each one's finish reason
+    and tokens, by id(request)."""
     for request in requests:
         engine.enqueue(request)
-    done: dict[int, tuple[int, ...]] = {}
+    done = {}
     while engine.has_work:
         for request, output in engine.step():
             if output.finished:
-                done[id(request)] = output.token_ids
+                done[id(request)] = (output.finish_reason, output.token_ids)
     return done
 
 
@@ -96,14 +102,10 @@ def test_a_sample_cancelled_before_the_fork_frees_its_slot_and_the_others_go_on(
         engine.enqueue(request)
     engine.step()  # admitted; the first chunk of 8 of 30 prompt tokens
     requests[1].cancel()
-    reasons, done = {}, {}
-    while engine.has_work:
-        for request, output in engine.step():
-            if output.finished:
-                reasons[id(request)], done[id(request)] = output.finish_reason, output.token_ids
-    assert [reasons[id(r)] for r in requests] == ["length", "cancelled", "length"]
-    assert done[id(requests[1])] == ()
-    assert done[id(requests[2])] == _alone(sensitive_model, tiny_tokenizer, _sampled(72))
+    done = _finish(engine)
+    assert [done[id(r)][0] for r in requests] == ["length", "cancelled", "length"]
+    assert done[id(requests[1])][1] == ()
+    assert done[id(requests[2])][1] == _alone(sensitive_model, tiny_tokenizer, _sampled(72))
     assert engine.pool.free_slots == 8
 
 
@@ -116,14 +118,10 @@ def test_when_the_prompts_request_leaves_before_its_prefill_the_samples_prefill_
         engine.enqueue(request)
     engine.step()
     requests[0].cancel()  # mid-prefill: its keys are half there
-    reasons, done = {}, {}
-    while engine.has_work:
-        for request, output in engine.step():
-            if output.finished:
-                reasons[id(request)], done[id(request)] = output.finish_reason, output.token_ids
-    assert [reasons[id(r)] for r in requests] == ["cancelled", "length", "length"]
+    done = _finish(engine)
+    assert [done[id(r)][0] for r in requests] == ["cancelled", "length", "length"]
     for n in (1, 2):
-        assert done[id(requests[n])] == _alone(sensitive_model, tiny_tokenizer, _sampled(80 + n))
+        assert done[id(requests[n])][1] == _alone(sensitive_model, tiny_tokenizer, _sampled(80 + n))
     assert engine.pool.free_slots == 8
 
 
