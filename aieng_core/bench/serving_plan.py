@@ -160,7 +160,9 @@ def _bundle(store: Any, model: Any, settings: AiengConfig, sizes: Sizes) -> Any:
     from aieng_core.store import ArtifactSpec
 
     # The configured recipe, with room for the largest batch; the configured server settings,
-    # with the whole sweep allowed to wait (twice over: no 429 in a benchmark).
+    # with the whole sweep allowed to wait (twice over: no 429 in a benchmark), and no prefix
+    # cache: every HTTP workload is warmed up with its own prompts first, which a cache would
+    # answer from memory where the in-process peers prefill (`aieng bench prefix` measures it).
     recipe = settings.bundle.model_copy(
         update={"max_batch": max(settings.bundle.max_batch, *sizes.batches, *sizes.concurrencies)}
     )
@@ -171,6 +173,7 @@ def _bundle(store: Any, model: Any, settings: AiengConfig, sizes: Sizes) -> Any:
             ),
             "threads": sizes.threads,
             "device": "cpu",
+            "prefix_cache_tokens": 0,
         }
     )
     spec = ArtifactSpec(

@@ -32,7 +32,9 @@ from aieng_core.serving.request import (
     FinishReason,
     Request,
     RequestError,
+    SampledTokens,
     SamplingParams,
+    StepPlan,
     TokenLogprob,
 )
 from aieng_core.serving.sampling import make_generator
@@ -208,8 +210,9 @@ class Engine:
         """One iteration: schedule, run, detokenize. Returns (request, output) for every
         request that progressed or finished in this step."""
         started = time.perf_counter()
+        self.last_step = None  # an empty step reports nothing (on_step must not count one twice)
         prefix = self.prefix_cache.stats
-        queried, hit = prefix.queried, prefix.hit
+        looked_up = (prefix.queried, prefix.hit)
         plan = self.scheduler.schedule()
         scheduled = time.perf_counter()
         outputs = [(request, self._finished_output(request)) for request in plan.finished]
@@ -224,27 +227,44 @@ class Engine:
         try:
             result = self.runner.run(plan)
         except Exception:
-            # One bad step must not take the server down: its requests fail, the rest go on.
+            # One bad step must not take the server down: its requests fail, the rest go on;
+            # the samples still waiting for a failed prompt's prefill fail with it.
             log.exception("engine step failed; finishing its %d requests with an error", plan.batch_size)
-            return outputs + [(r, self._finish(r, "error", "")) for r in plan.sampled]
+            waiting = [f for r in plan.prefill for f in r.forks if f.fork_of is r and not f.finished]
+            self.last_step = self._step_stats(plan, None, looked_up, started, scheduled, time.perf_counter())
+            return outputs + [(r, self._finish(r, "error", "")) for r in (*waiting, *plan.sampled)]
         ran = time.perf_counter()
         now = time.monotonic()
         for request, token in zip(plan.sampled, result.tokens, strict=True):
             if token != NO_TOKEN:  # NO_TOKEN: a prompt chunk that does not end its prompt
                 outputs.append((request, self._advance(request, token, now)))
-        self.last_step = StepStats(
+        self.last_step = self._step_stats(plan, result, looked_up, started, scheduled, ran)
+        return outputs
+
+    def _step_stats(
+        self,
+        plan: StepPlan,
+        result: SampledTokens | None,
+        looked_up: tuple[int, int],
+        started: float,
+        scheduled: float,
+        ran: float,
+    ) -> StepStats:
+        """What the step did; `result` None: it failed. `looked_up`: the prefix cache's
+        (queried, hit) before the step."""
+        prefix = self.prefix_cache.stats
+        return StepStats(
             batch_size=plan.batch_size,
             prefill_requests=len(plan.prefill),
-            prefill_tokens=result.prefill_tokens,
+            prefill_tokens=result.prefill_tokens if result is not None else 0,
             prefill_chunks=tuple(length for _, length in plan.prefill_chunks),
-            decode_tokens=result.decode_tokens,
+            decode_tokens=result.decode_tokens if result is not None else 0,
             schedule_seconds=scheduled - started,
             forward_seconds=ran - scheduled,
             postprocess_seconds=time.perf_counter() - ran,
-            prefix_queried_tokens=prefix.queried - queried,
-            prefix_hit_tokens=prefix.hit - hit,
+            prefix_queried_tokens=prefix.queried - looked_up[0],
+            prefix_hit_tokens=prefix.hit - looked_up[1],
         )
-        return outputs
 
     def _advance(self, request: Request, token: int, now: float) -> RequestOutput:
         if token == FAILED_TOKEN:

@@ -76,6 +76,9 @@ class ModelRunner:
         prompt, NO_TOKEN for the others (their prompts continue next step); then the first token
         of each fork, sampled from its source's logits after a copy of its source's prompt."""
         completing = [r for r in requests if r.prefill_completes]
+        if self.prefix_cache is not None:  # the cached prefixes the scheduler found, into their slots
+            for request in requests:
+                self.prefix_cache.load(request)
         logits = self.prefill_logits(requests)
         if self.prefix_cache is not None:  # the blocks each chunk completed, for the next prompts
             for request in requests:

@@ -4,15 +4,17 @@ Chat requests repeat their system prompt; a prompt list or `n` samples of templa
 repeat whole headers. The cache keeps the KV of full blocks of `BLOCK_TOKENS` prompt tokens in
 a store of its own, allocated once beside the pool (its size is `serving.prefix_cache_tokens`).
 When a request takes a slot, the longest run of its leading blocks found in the store is
-copied into the slot and counted as prefilled; the scheduler prefills only the rest. After
+counted as prefilled (the scheduler prefills only the rest) and copied into the slot at the
+start of the step, before any prefill. After
 every prefill chunk, the prompt's newly completed blocks are copied into the store.
 
 Keys. A block's key is a SHA-256 chain: the bundle key (the bundle's content-hashed id), the
 key of the block before it, and the block's token ids. Two prompts share a block's key only
-when they share every token up to its end, under the same bundle: a swapped bundle can never
-be handed another bundle's keys and values, even through a store outliving its engine. The
-store also keeps each block's tokens and parent key and compares them on every hit, so even a
-hash collision cannot reuse the wrong content.
+when they share every token up to its end, under the same bundle: the store is the engine's
+own (a swapped bundle gets a new engine, and its store starts empty), and should one ever be
+shared its keys would still keep bundles apart. The store also keeps each block's tokens and
+parent key and compares them on every hit, so even a hash collision cannot reuse the wrong
+content.
 
 Why copies, not shared pages: the pool gives each sequence one contiguous slot (what the
 decode kernels and captured graphs read), so a hit is one gather per layer, keys and values;
@@ -103,8 +105,11 @@ class PrefixCache:
         return keys
 
     def reuse(self, request: Request) -> int:
-        """Copies the longest cached run of the request's leading blocks into its slot (never
-        the prompt's last token: its logits are needed); the prompt tokens now in the slot."""
+        """The longest cached run of the request's leading blocks (never the prompt's last
+        token: its logits are needed), noted on the request (`prefix_rows`) for load() to copy
+        into its slot before its first chunk is prefilled; the prompt tokens it covers. No
+        tensor work: the scheduler calls it, the copy runs in the step (a failing copy fails
+        the step's requests, not the engine loop)."""
         prompt = request.prompt_ids
         if not self.enabled:
             return 0
@@ -122,15 +127,21 @@ class PrefixCache:
         if not found:
             return 0
         self._touch(keys[: len(found)])
-        length = len(found) * BLOCK_TOKENS
-        rows = torch.tensor([block.index for block in found], device=self.keys[0].device)
+        request.prefix_rows = tuple(block.index for block in found)
+        self.stats.hit += len(found) * BLOCK_TOKENS
+        return len(found) * BLOCK_TOKENS
+
+    def load(self, request: Request) -> None:
+        """Copies the blocks reuse() found for the request into its slot (once)."""
+        rows, request.prefix_rows = request.prefix_rows, ()
+        if not rows:
+            return
+        length = len(rows) * BLOCK_TOKENS
+        index = torch.tensor(rows, device=self.keys[0].device)
         slot = _slot(request)
         for stored, cached in zip((*self.keys, *self.values), (*self.pool.keys, *self.pool.values), strict=True):
             # (blocks, heads, BLOCK_TOKENS, dim) -> (heads, blocks * BLOCK_TOKENS, dim)
-            picked = stored.index_select(0, rows)
-            cached[slot, :, :length] = picked.permute(1, 0, 2, 3).flatten(1, 2)
-        self.stats.hit += length
-        return length
+            cached[slot, :, :length] = stored.index_select(0, index).permute(1, 0, 2, 3).flatten(1, 2)
 
     def store(self, request: Request, upto: int) -> None:
         """Copies the full blocks of the request's prompt before position `upto` (computed by
@@ -153,10 +164,14 @@ class PrefixCache:
             return
         index = torch.tensor(rows, device=self.keys[0].device)
         slot = _slot(request)
-        for stored, cached in zip((*self.keys, *self.values), (*self.pool.keys, *self.pool.values), strict=True):
-            heads, _, dim = cached.shape[1], cached.shape[2], cached.shape[3]
-            blocks = cached[slot, :, : len(keys) * BLOCK_TOKENS].reshape(heads, len(keys), BLOCK_TOKENS, dim)
-            stored.index_copy_(0, index, blocks.permute(1, 0, 2, 3)[torch.tensor(new, device=index.device)])
+        try:
+            for stored, cached in zip((*self.keys, *self.values), (*self.pool.keys, *self.pool.values), strict=True):
+                heads, dim = cached.shape[1], cached.shape[3]
+                blocks = cached[slot, :, : len(keys) * BLOCK_TOKENS].reshape(heads, len(keys), BLOCK_TOKENS, dim)
+                stored.index_copy_(0, index, blocks.permute(1, 0, 2, 3)[torch.tensor(new, device=index.device)])
+        except BaseException:
+            self._free.extend(rows)  # their blocks were evicted or never held: the rows are free
+            raise
         for number, row in zip(new, rows, strict=True):
             parent = keys[number - 1] if number else self.root
             tokens = tuple(prompt[number * BLOCK_TOKENS : (number + 1) * BLOCK_TOKENS])

@@ -138,6 +138,8 @@ class Request:
     # are admitted together; when the prompt's last chunk is prefilled, its keys and values are
     # copied into the forks' slots and each fork samples its first token from the same logits.
     logprobs: list[TokenLogprob] = field(default_factory=list, repr=False)  # one per output token, if asked
+    # Rows of the prefix cache's store to copy into the slot before the first chunk (prefix_cache.py).
+    prefix_rows: tuple[int, ...] = ()
     fork_of: Request | None = field(default=None, repr=False)
     forks: list[Request] = field(default_factory=list, repr=False)
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)

@@ -67,9 +67,11 @@ def record_logprobs(logits: torch.Tensor, requests: Sequence[Request], tokens: S
     logprobs = torch.log_softmax(logits[rows].float(), dim=-1)
     chosen = logprobs.gather(1, torch.tensor([[tokens[i]] for i in rows], device=logits.device))[:, 0].tolist()
     most = max(requests[i].params.logprobs or 0 for i in rows)
-    # Stable descending sort: on ties the lower id first, as argmax picks it.
-    sorted_values, sorted_ids = torch.sort(logprobs, dim=-1, descending=True, stable=True)
-    top_values, top_ids = sorted_values[:, :most].tolist(), sorted_ids[:, :most].tolist()
+    top_values: list[list[float]] = [[] for _ in rows]
+    top_ids: list[list[int]] = [[] for _ in rows]
+    if most:
+        values, ids = torch.topk(logprobs, most, dim=-1)
+        top_values, top_ids = values.tolist(), ids.tolist()
     for n, i in enumerate(rows):
         k = requests[i].params.logprobs or 0
         top = tuple(zip(top_ids[n][:k], top_values[n][:k], strict=True))

@@ -162,7 +162,7 @@ class Scheduler:
             for request in prefill
             if request.prefill_completes
             for fork in request.forks
-            if fork.fork_of is request and not fork.finished
+            if fork.fork_of is request and fork.status is RequestStatus.RUNNING
         ]
         for fork, _ in pairs:  # the runner copies the prompt's keys and values into their slots
             fork.fork_of = None

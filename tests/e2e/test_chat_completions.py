@@ -13,7 +13,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.e2e.serve_helpers import Server, serving
+from tests.e2e.serve_helpers import Server, poll, serving
 
 pytestmark = pytest.mark.e2e
 
@@ -137,22 +137,30 @@ def test_a_shared_system_prompt_is_reused_from_the_prefix_cache(server: Server, 
 
     template, tokenizer = ChatTemplate.of_directory(bundle_path), load_tokenizer(bundle_path)
     system = {"role": "system", "content": "Pipelines: answer briefly."}
-    conversations = [[system, {"role": "user", "content": question}] for question in ("Why?", "数据?")]
-    ids = [tokenizer.encode(template.render(c, True), add_special_tokens=False).ids for c in conversations]
-    shared = next(n for n, (a, b) in enumerate(zip(*ids, strict=False)) if a != b)
+    first, second = ([system, {"role": "user", "content": question}] for question in ("Why?", "数据?"))
+    ids = {id(c): tokenizer.encode(template.render(c, True), add_special_tokens=False).ids for c in (first, second)}
+    shared = next(n for n, (a, b) in enumerate(zip(ids[id(first)], ids[id(second)], strict=False)) if a != b)
     assert shared >= 2 * BLOCK_TOKENS  # the system prompt fills whole blocks
-    queries, hits = server.metric("aieng_prefix_cache_queries_total"), server.metric("aieng_prefix_cache_hits_total")
     client = server.client()
-    replies = [
-        client.chat.completions.create(model="aieng", messages=c, max_tokens=2, temperature=0) for c in conversations
-    ]
-    assert [r.usage.prompt_tokens for r in replies] == [len(i) for i in ids]
-    # The second conversation reuses the full blocks of what it shares with the first; the
-    # first found nothing (this server never saw that system prompt).
-    assert server.metric("aieng_prefix_cache_queries_total") - queries == len(ids[0]) + len(ids[1])
-    assert server.metric("aieng_prefix_cache_hits_total") - hits == shared // BLOCK_TOKENS * BLOCK_TOKENS
-    rate = server.metric("aieng_prefix_cache_hit_rate")
-    assert rate == pytest.approx(
-        server.metric("aieng_prefix_cache_hits_total") / server.metric("aieng_prefix_cache_queries_total")
-    )
+
+    def counted() -> tuple[float, float]:
+        return server.metric("aieng_prefix_cache_queries_total"), server.metric("aieng_prefix_cache_hits_total")
+
+    def ask(conversation: list[dict[str, str]], hits: int) -> str:
+        """The greedy reply; the counters (taken after the step that admitted it) grow by its
+        prompt and by `hits`."""
+        queried, hit = counted()
+        reply = client.chat.completions.create(model="aieng", messages=conversation, max_tokens=2, temperature=0)
+        assert reply.usage.prompt_tokens == len(ids[id(conversation)])
+        expected = (queried + len(ids[id(conversation)]), hit + hits)
+        poll(lambda: counted() == expected, 10, f"prefix cache counters {expected}, at {counted()}")
+        return reply.choices[0].message.content
+
+    # This server never saw the system prompt (its other tests' conversations start otherwise).
+    cold = ask(second, 0)
+    ask(first, shared // BLOCK_TOKENS * BLOCK_TOKENS)  # the blocks it shares with the second
+    again = ask(second, (len(ids[id(second)]) - 1) // BLOCK_TOKENS * BLOCK_TOKENS)  # all its own full blocks
+    assert again == cold  # keys and values reused, the same reply
+    queried, hit = counted()
+    assert server.metric("aieng_prefix_cache_hit_rate") == pytest.approx(hit / queried)
     assert server.metric("aieng_prefix_cache_bytes") > 0 and server.metric("aieng_prefix_cache_blocks") > 0

@@ -141,7 +141,7 @@ class Generation:
                 request_id if choices == 1 else f"{request_id}-{index}",
                 prompts[index // samples],
                 sample_params(params, index % samples),
-                self._sink(loop, index, RequestTracker(self.state.metrics, time.monotonic)),
+                self._sink(loop, index, RequestTracker(self.state.metrics, time.monotonic, index % samples == 0)),
             )
             for index in range(choices)
         ]

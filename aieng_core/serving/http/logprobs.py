@@ -10,7 +10,8 @@ replacement character, and `bytes` (chat) its exact bytes. A token's text offset
 characters of the choice's text completed before it (the text is decoded with
 errors="replace", as the engine's detokenizer decodes it), so offsets index the text itself.
 Special tokens (EOS) add nothing to the text: their `token` is their name, their `bytes` empty,
-so a reply's `bytes`, joined, are its text exactly.
+so a reply's `bytes`, joined, are its text exactly; except after a stop string: the token that
+completed it is listed (as vLLM lists it) though the text ends before the stop string.
 """
 
 from __future__ import annotations

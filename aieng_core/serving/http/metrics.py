@@ -9,6 +9,7 @@ process, as tests make, never collide; it also carries prometheus_client's proce
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 from prometheus_client import (
@@ -58,7 +59,7 @@ METRIC_HELP: dict[str, str] = {
     "aieng_num_requests_waiting": "Requests queued for a KV-cache slot.",
     "aieng_max_num_requests_waiting": "Requests the queue holds before new ones get 429 (serving.max_waiting).",
     "aieng_request_success_total": "Requests the engine finished, by finish reason (stop, length, cancelled, ...).",
-    "aieng_prompt_tokens_total": "Prompt tokens of finished requests.",
+    "aieng_prompt_tokens_total": "Prompt tokens of finished requests (a prompt with n samples counted once).",
     "aieng_generation_tokens_total": "Tokens generated (cancelled requests' tokens included).",
     "aieng_http_requests_total": "HTTP requests answered, by endpoint and status code.",
     "aieng_kv_cache_free_slots": "KV-cache slots free for a new sequence.",
@@ -176,6 +177,7 @@ class ServingMetrics:
         self.prefix_hits = Counter("aieng_prefix_cache_hits", h["aieng_prefix_cache_hits_total"], registry=r)
         self.prefix_hit_rate = Gauge("aieng_prefix_cache_hit_rate", h["aieng_prefix_cache_hit_rate"], registry=r)
         self._prefix_counts = (0, 0)  # (queried, hit) tokens: the counters' values, readable
+        self._prefix_lock = threading.Lock()
         self.prefix_hit_rate.set_function(self._prefix_hit_rate)
         self.prefix_blocks = Gauge("aieng_prefix_cache_blocks", h["aieng_prefix_cache_blocks"], registry=r)
         self.prefix_bytes = Gauge("aieng_prefix_cache_bytes", h["aieng_prefix_cache_bytes"], registry=r)
@@ -250,10 +252,11 @@ class ServingMetrics:
         if step.prefix_queried_tokens:
             self.prefix_queries.inc(step.prefix_queried_tokens)
             self.prefix_hits.inc(step.prefix_hit_tokens)
-            self._prefix_counts = (
-                self._prefix_counts[0] + step.prefix_queried_tokens,
-                self._prefix_counts[1] + step.prefix_hit_tokens,
-            )
+            with self._prefix_lock:  # two engine threads step at once while a replica swaps
+                self._prefix_counts = (
+                    self._prefix_counts[0] + step.prefix_queried_tokens,
+                    self._prefix_counts[1] + step.prefix_hit_tokens,
+                )
 
     def _prefix_hit_rate(self) -> float:
         queried, hit = self._prefix_counts  # one tuple, so a scrape never reads half an update
@@ -284,9 +287,11 @@ class RequestTracker:
     """Per-request metrics fed from the engine thread, one RequestOutput at a time: TTFT and
     queue time once, one inter-token latency per new token, and the finish."""
 
-    def __init__(self, metrics: ServingMetrics, clock: Any) -> None:
+    def __init__(self, metrics: ServingMetrics, clock: Any, counts_prompt: bool = True) -> None:
         self._metrics = metrics
         self._clock = clock
+        # False for the samples of a prompt after its first (n): the prompt is counted once.
+        self._counts_prompt = counts_prompt
         self._last_token_time: float | None = None
         self._ttft_seen = False
         self._queue_seen = False
@@ -309,4 +314,5 @@ class RequestTracker:
             self._ttft_seen = True
             self._metrics.ttft.observe(output.ttft_seconds)
         if output.finished:
-            self._metrics.observe_finished(output.finish_reason or "error", output.prompt_tokens, output.e2e_seconds)
+            prompt_tokens = output.prompt_tokens if self._counts_prompt else 0
+            self._metrics.observe_finished(output.finish_reason or "error", prompt_tokens, output.e2e_seconds)

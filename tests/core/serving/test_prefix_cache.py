@@ -99,7 +99,12 @@ def test_reuse_copies_the_stored_keys_and_values_into_the_slot(sensitive_model) 
     for tensor in (*pool.keys, *pool.values):
         tensor[0].normal_()
     cache.store(_request(pool, prompt, 0), len(prompt))
-    assert cache.reuse(_request(pool, prompt, 1)) == 2 * BLOCK_TOKENS
+    reader = _request(pool, prompt, 1)
+    assert cache.reuse(reader) == 2 * BLOCK_TOKENS
+    for tensor in (*pool.keys, *pool.values):
+        assert not tensor[1].any()  # found, not yet copied: the step copies it
+    cache.load(reader)
+    assert reader.prefix_rows == ()
     for tensor in (*pool.keys, *pool.values):
         assert torch.equal(tensor[1, :, : 2 * BLOCK_TOKENS], tensor[0, :, : 2 * BLOCK_TOKENS])
         assert not tensor[1, :, 2 * BLOCK_TOKENS :].any()  # nothing past the reused blocks
@@ -141,3 +146,41 @@ def test_a_prompt_longer_than_the_store_keeps_its_first_blocks(sensitive_model) 
     cache.store(_request(pool, prompt, 0), len(prompt))
     assert cache.cached_blocks == 2
     assert cache.reuse(_request(pool, prompt, 0)) == 2 * BLOCK_TOKENS
+
+
+def test_reuse_beside_live_decoders_re_seated_by_length_keeps_every_token(sensitive_model, tiny_tokenizer) -> None:
+    # 40 slots: decode steps split into attention groups and re-seat rows by length
+    # (slot_order.py) while prompts are admitted with cached prefixes, in chunks, and n forks.
+    def run(prefix_cache_tokens: int) -> tuple[list[tuple[int, ...]], int, int]:
+        limits = EngineLimits(max_batch=40, max_context=64, max_waiting=200, max_prefill_tokens=40)
+        engine = Engine(
+            sensitive_model, tiny_tokenizer, limits, sensitive_model.config.eos_token_id,
+            prefix_cache_tokens=prefix_cache_tokens,
+        )  # fmt: skip
+        systems = [SYSTEM[:32], [n + 3 for n in SYSTEM[:32]]]
+        pending = []
+        for n in range(60):
+            prompt = systems[n % 2] + [200 + (n * 7 + k) % 150 for k in range(1 + n % 9)]
+            params = SamplingParams(max_new_tokens=6 + n % 17, temperature=0.8, seed=n, ignore_eos=True)
+            samples = 3 if n % 10 == 0 else 1
+            pending.append(engine.prepare_samples(prompt, [(f"r{n}-{s}", params) for s in range(samples)]))
+        requests = [r for group in pending for r in group]
+        done: dict[int, tuple[int, ...]] = {}
+        step = 0
+        while pending or engine.has_work:
+            if pending and step % 3 == 0:  # several arrive every third step
+                for group in pending[:8]:
+                    for request in group:
+                        engine.enqueue(request)
+                del pending[:8]
+            for request, output in engine.step():
+                if output.finished:
+                    done[id(request)] = output.token_ids
+            step += 1
+        assert engine.pool.free_slots == 40
+        return [done[id(r)] for r in requests], engine.runner.moved_rows, engine.prefix_cache.stats.hit
+
+    without, _, _ = run(0)
+    cached, moved, hit = run(4096)
+    assert cached == without
+    assert moved > 0 and hit > 0  # both paths were taken

@@ -152,3 +152,44 @@ def test_samples_reuse_a_cached_prefix_once(sensitive_model, tiny_tokenizer) -> 
     done = _run(engine, requests)
     assert engine.prefix_cache.stats.hit == 16  # the prompt's one full block, for the first sample only
     assert done[id(requests[1])] == _alone(sensitive_model, tiny_tokenizer, _sampled(1))
+
+
+def test_a_step_failing_mid_prefill_fails_the_samples_waiting_for_it(
+    sensitive_model, tiny_tokenizer, monkeypatch
+) -> None:
+    engine = _engine(sensitive_model, tiny_tokenizer, max_prefill_tokens=8)
+    requests = engine.prepare_samples(PROMPT, [(f"r-{n}", _sampled(n)) for n in range(3)])
+    for request in requests:
+        engine.enqueue(request)
+    engine.step()  # the first chunk of 8 of 30
+
+    def broken(plan):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(engine.runner, "run", broken)
+    failed = {id(request): output.finish_reason for request, output in engine.step()}
+    assert [failed.get(id(r)) for r in requests] == ["error"] * 3  # no sample prefills it again alone
+    assert not engine.has_work and engine.pool.free_slots == 8
+    assert engine.last_step is not None and engine.last_step.prefill_tokens == 0
+
+
+def test_an_empty_step_reports_no_step(sensitive_model, tiny_tokenizer) -> None:
+    engine = _engine(sensitive_model, tiny_tokenizer)
+    engine.generate([PROMPT], SamplingParams(max_new_tokens=1))
+    assert engine.last_step is not None
+    request = engine.prepare("gone", PROMPT, SamplingParams(max_new_tokens=1))
+    request.cancel()
+    engine.enqueue(request)
+    engine.step()  # it leaves at once: nothing ran, so on_step must not see the last step again
+    assert engine.last_step is None
+
+
+def test_samples_with_logprobs_share_their_first_distribution(sensitive_model, tiny_tokenizer) -> None:
+    engine = _engine(sensitive_model, tiny_tokenizer)
+    params = [SamplingParams(max_new_tokens=4, temperature=1.0, seed=s, ignore_eos=True, logprobs=3) for s in (1, 2)]
+    requests = engine.prepare_samples(PROMPT, [(f"r-{s}", p) for s, p in enumerate(params)])
+    _run(engine, requests)
+    first, second = (r.logprobs for r in requests)
+    assert len(first) == len(second) == 4
+    assert first[0].top == second[0].top  # the same prompt's logits, prefilled once
+    assert [e.token for e in second] == list(requests[1].output_ids)
