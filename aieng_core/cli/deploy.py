@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from aieng_core.deploy.dagster_events import tell_dagster
@@ -85,6 +86,16 @@ def format_status(status: dict[str, Any]) -> str:
             f"  warning: line {torn['line']} of the history is incomplete ({torn['bytes']} bytes): "
             "a crash cut an append short; it is no record (the next change moves it aside)"
         )
+    canary = status.get("canary")
+    if canary is not None:
+        lines.append(
+            f"canary: {canary['bundle_id']} answers {canary['share']:.0%} of the requests "
+            f"(step {canary.get('step')} of {len(canary.get('steps', []))}, since {canary.get('started_at')})"
+        )
+    last = next((e for e in reversed(status.get("canary_history", [])) if e["action"] != "step"), None)
+    if last is not None:
+        why = f": {last['reason']}" if last.get("reason") else ""
+        lines.append(f"last canary event: {last['time']} {last['action']} {last['bundle_id']}{why}")
     return "\n".join(lines)
 
 
@@ -231,6 +242,46 @@ def cmd_deploy_gate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_deploy_canary(args: argparse.Namespace) -> int:
+    """The gate's checks, then a canary rollout in place of its direct promote (gate/canary.py)."""
+    from aieng_core.config import load_config
+    from aieng_core.deploy.canary import CanaryPolicy, parse_duration, parse_steps
+    from aieng_core.deploy.deployments import default_actor
+    from aieng_core.gate.canary import canary_rollout, refuse_canary
+    from aieng_core.gate.production_deployment import run_gate
+    from aieng_core.gate.report import GateFailed
+    from aieng_core.store.request_log import LOGS_DIR, REQUEST_LOG_FILE
+
+    home = resolve_home(args.home)
+    try:
+        steps, hold = parse_steps(args.steps), parse_duration(args.hold)
+        policy = CanaryPolicy(
+            min_requests=args.min_requests,
+            max_error_rate_increase=args.max_error_rate_increase,
+            max_p99_ratio=args.max_p99_ratio,
+            p99_slack_ms=args.p99_slack_ms,
+        )
+        refuse_canary(home, PRODUCTION, steps)
+        log_path = Path(args.request_log) if args.request_log else home / LOGS_DIR / REQUEST_LOG_FILE
+        actor = default_actor()
+        rollout = canary_rollout(home, PRODUCTION, args.bundle_id, steps, hold, log_path, actor, policy)
+        config = load_config(args.config)
+        report = run_gate(home, config, args.bundle_id, actor=actor, allow_withdrawn=args.allow_withdrawn,
+                          rollout=rollout).as_dict()  # fmt: skip
+    except GateFailed as exc:
+        if exc.report is None:
+            return _refused(exc)
+        if args.json:
+            emit(exc.report.as_dict(), True, _format_gate)
+        print(f"aieng: error: {exc} (report: {exc.report.path}); production unchanged", file=sys.stderr)
+        return 1
+    except (ValueError, OSError, LookupError) as exc:
+        return _refused(exc)
+    emit(report, args.json, _format_gate)
+    tell_dagster(report["event"], PRODUCTION)
+    return 0
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pointer",
@@ -300,3 +351,33 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="gate it even though a rollback withdrew it (the promote's history line records it)",
     )
     gate.set_defaults(handler=cmd_deploy_gate)
+
+    canary = deploy_commands.add_parser(
+        "canary",
+        help="the gate's checks, then a gradual rollout to production that rolls itself back on an SLO breach",
+        description="Run the gate's checks on BUNDLE_ID; then send it a growing share of production's generation "
+        "requests (every server following the pointer, `aieng serve --deployment current`, routes by request id), "
+        "comparing its error rate and P99 latency with production's over each step's window (from the request "
+        "log). A breach removes the canary at once, records why in deployments/production/canary-history.jsonl "
+        "and exits 1 with production unchanged; after the last step the bundle is promoted.",
+    )
+    canary.add_argument("bundle_id", metavar="BUNDLE_ID", help="a serving_bundle id (`aieng bundle current`)")
+    canary.add_argument(
+        "--steps", default="5,25,100", metavar="P,P,...", help="percent of traffic per step (default 5,25,100)"
+    )
+    canary.add_argument(
+        "--hold", default="10m", metavar="DURATION", help="how long each step holds: 30s, 10m, 1h (default 10m)"
+    )
+    canary.add_argument("--min-requests", type=int, default=20, metavar="N",
+                        help="the candidate's requests a step needs before it is judged (default 20)")  # fmt: skip
+    canary.add_argument("--max-error-rate-increase", type=float, default=0.01, metavar="X",
+                        help="how far the candidate's error rate may exceed production's (default 0.01)")  # fmt: skip
+    canary.add_argument("--max-p99-ratio", type=float, default=1.5, metavar="X",
+                        help="the candidate's P99 latency at most this times production's (default 1.5)")  # fmt: skip
+    canary.add_argument("--p99-slack-ms", type=float, default=5.0, metavar="MS",
+                        help="plus this many milliseconds (default 5)")  # fmt: skip
+    canary.add_argument("--request-log", metavar="PATH",
+                        help="the servers' request log (default $AIENG_HOME/logs/requests.jsonl)")  # fmt: skip
+    canary.add_argument("--json", action="store_true", help="one JSON document on stdout: the gate's report")
+    canary.add_argument(ALLOW_FLAG, action="store_true", help="roll it out even though a rollback withdrew it")
+    canary.set_defaults(handler=cmd_deploy_canary)

@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from aieng_core.asset_keys import SERVING_BUNDLE as KIND
+from aieng_core.deploy.canary import read_history as read_canary_history
 from aieng_core.deploy.rollback_readiness import last_check, pointer_rollback_target, target_integrity
 from aieng_core.deploy.withdrawn import BundleWithdrawn, rollback_plan, withdrawn_from, withdrawn_refusal
 from aieng_core.hashing import canonical_json
 from aieng_core.store import Artifact, ArtifactIntegrityError, ArtifactNotFound, ArtifactStore, InvalidArtifactName
 from aieng_core.store.artifacts import MANIFEST, validate_name
+from aieng_core.store.canary_state import read_canary
 from aieng_core.store.pointers import (
     PRODUCTION,
     DeploymentError,
@@ -44,6 +46,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("aieng.deploy")
+
+CANARY_EVENTS_SHOWN = 20
 
 
 def default_actor() -> str:
@@ -113,7 +117,9 @@ class Deployments:
         actor, reason}` of each bundle a rollback withdrew (the rollback's event). `unapplied`
         lists the sequences of history lines whose change never reached current.json (a crash
         between the two writes); `torn_tail` is `{line, bytes}` when the last line of
-        history.jsonl is incomplete, else None.
+        history.jsonl is incomplete, else None. `canary` is the canary rollout running on the
+        pointer (store/canary_state.py) or None; `canary_history` the last events of every
+        rollout (deploy/canary.py: start, step, rolled_back with why, promoted, aborted).
         """
         history, current, unapplied = self.files.snapshot()
         withdrawn = withdrawn_from(_applied(history.events, unapplied))
@@ -144,6 +150,8 @@ class Deployments:
             "history": history.events,
             "unapplied": unapplied,
             "torn_tail": {"line": history.torn_line, "bytes": len(history.torn)} if history.torn else None,
+            "canary": read_canary(self.home, self.pointer),
+            "canary_history": read_canary_history(self.home, self.pointer)[-CANARY_EVENTS_SHOWN:],
         }
 
     def withdrawn(self) -> dict[str, dict[str, Any]]:

@@ -66,6 +66,10 @@ BUNDLE_KIND = asset_keys.SERVING_BUNDLE
 # v6: servers capture their decode step graphs at warmup; the warmup figures report them.
 CODE_VERSION = "production_deployment-v6"
 PROMOTE_REASON = "gate passed"
+CANARY_REASON = "gate passed; canary rollout passed every step"
+# A rollout in place of the direct promote: given promote(extra figures) -> the history event,
+# it returns that event, or raises GateFailed.
+Rollout = Callable[[Callable[[dict[str, Any] | None], dict[str, Any]]], dict[str, Any]]
 GATE_LOCK = ".gate.lock"  # under $AIENG_HOME/deployments/: held for a whole gate
 
 log = logging.getLogger("aieng.gate")
@@ -105,11 +109,14 @@ def run_gate(
     actor: str | None = None,
     logger: Any = log,
     allow_withdrawn: bool = False,
+    rollout: Rollout | None = None,
 ) -> GateReport:
     """Gate `bundle_id` (a serving_bundle in the store of `home`) and promote it on production
-    when every step passes. Raises GateFailed (production untouched; `.report` holds the
-    figures and where they were written), or DeploymentError when production already serves
-    the bundle (nothing to gate).
+    when every step passes; with `rollout`, the last step is that instead of a direct promote:
+    `rollout(promote)` (a canary, gate/canary.py) calls `promote(figures)` itself once the
+    bundle has earned it, or raises GateFailed. Raises GateFailed (production untouched;
+    `.report` holds the figures and where they were written), or DeploymentError when
+    production already serves the bundle (nothing to gate).
 
     One gate at a time per home: gates share the drill pointer, and a second one's load
     would be measured in the first one's figures. A second gate waits for the first (each
@@ -120,7 +127,7 @@ def run_gate(
         logger.info(f"gate {bundle_id}: another gate is running on {home}; waiting for it to finish")
 
     with exclusive_lock(deployments_dir(home) / GATE_LOCK, on_wait=waiting):
-        return _run_gate(home, config, bundle_id, run_id, actor, logger, allow_withdrawn)
+        return _run_gate(home, config, bundle_id, run_id, actor, logger, allow_withdrawn, rollout)
 
 
 def _run_gate(
@@ -131,6 +138,7 @@ def _run_gate(
     actor: str | None,
     logger: Any,
     allow_withdrawn: bool,
+    rollout: Rollout | None = None,
 ) -> GateReport:
     production = Deployments(home)
     artifact = production.store.get(BUNDLE_KIND, bundle_id)
@@ -207,21 +215,27 @@ def _run_gate(
             "step_seconds": {step.name: step.seconds for step in report.steps},
         },
     }
-    try:
+
+    def promote(extra: dict[str, Any] | None = None) -> dict[str, Any]:
         # Verified by the first step (the bundle is immutable); the pointer must still be where the
         # gate found it, checked under the pointer's lock, so a rollback made meanwhile stands.
-        event = production.promote(
+        return production.promote(
             bundle_id,
             actor=actor,
-            reason=PROMOTE_REASON,
-            figures=plain(figures),
+            reason=PROMOTE_REASON if rollout is None else CANARY_REASON,
+            figures=plain({**figures, **(extra or {})}),
             dagster_run_id=run_id,
             verify=False,
             expected_sequence=current["sequence"],
             allow_withdrawn=allow_withdrawn,
         )
+
+    try:
+        event = promote() if rollout is None else rollout(promote)
     except DeploymentError as exc:
         _fail(home, report, GateFailed("promote", "promote", str(exc)), started, logger)
+    except GateFailed as exc:
+        _fail(home, report, exc, started, logger)
     report.steps.append(
         GateStep(
             "promote",

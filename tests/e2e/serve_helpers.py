@@ -79,7 +79,10 @@ class Server:
         }
 
     def metric(self, name: str, **labels: str) -> float:
-        return self.metrics().get((name, tuple(sorted(labels.items()))), 0.0)
+        """The sum of the series of `name` that carry these labels (whatever their others: a
+        request series also names the bundle that answered)."""
+        wanted = set(labels.items())
+        return sum(value for (n, have), value in self.metrics().items() if n == name and wanted <= set(have))
 
     def log_lines(self) -> list[dict[str, Any]]:
         lines = []

@@ -413,16 +413,19 @@ def test_prometheus_scrapes_serve_and_evaluates_the_alert_rules(tmp_path: Path, 
     bundle = serving_bundle_artifact.bundle
     with ServerProcess(bundle.path, tmp_path / "server.log", env) as server:
         target = f"127.0.0.1:{server.port}"
-        generate_labels = (("endpoint", "/generate"), ("instance", target), ("job", JOB), ("status", "200"))
+        answered = ("bundle_id", bundle.id)  # every request series names the bundle that answered
+        generate_labels = (
+            answered, ("endpoint", "/generate"), ("instance", target), ("job", JOB), ("status", "200")
+        )  # fmt: skip
         with running_prometheus(tmp_path, server.port) as port:
             for n in range(GENERATE_REQUESTS):
                 generate(server.port, n)
             counted = server_counts(server)
             assert (
-                counted[("aieng_http_requests_total", (("endpoint", "/generate"), ("status", "200")))]
+                counted[("aieng_http_requests_total", (answered, ("endpoint", "/generate"), ("status", "200")))]
                 == GENERATE_REQUESTS
             )
-            assert counted[("aieng_e2e_request_latency_seconds_count", ())] == GENERATE_REQUESTS
+            assert counted[("aieng_e2e_request_latency_seconds_count", (answered,))] == GENERATE_REQUESTS
 
             # The counter read back through Prometheus is the server's own count, no more, no less.
             generate_series = f'aieng_http_requests_total{{job="{JOB}", endpoint="/generate"}}'
@@ -430,7 +433,9 @@ def test_prometheus_scrapes_serve_and_evaluates_the_alert_rules(tmp_path: Path, 
             poll(lambda: query(port, generate_series) == expected, READBACK_S, f"{generate_series} == {expected}")
             target_labels = (("instance", target), ("job", JOB))
             assert query(port, f'up{{job="{JOB}"}}') == {target_labels: 1.0}
-            assert query(port, "aieng_e2e_request_latency_seconds_count") == {target_labels: GENERATE_REQUESTS}
+            assert query(port, "aieng_e2e_request_latency_seconds_count") == {
+                (answered, *target_labels): GENERATE_REQUESTS
+            }
             assert query(port, "aieng_ready") == {target_labels: 1.0}
             assert query(port, "aieng_config_valid") == {
                 (("instance", target), ("job", JOB), ("path", str(TINY_CONFIG))): 1.0

@@ -79,7 +79,7 @@ def following(tmp_path_factory: pytest.TempPathFactory, serving_bundle_artifact,
 
 def ready_body(bundle_id: str, sequence: int = 1) -> dict[str, Any]:
     deployment = {"pointer": "production", "bundle_id": bundle_id, "sequence": sequence, "refused": False}
-    return {"status": "ready", "bundle_id": bundle_id, "deployment": {**deployment, "mismatch": None}}
+    return {"status": "ready", "bundle_id": bundle_id, "deployment": {**deployment, "mismatch": None, "canary": None}}
 
 
 def named(headers: dict[str, str]) -> tuple[str, str]:

@@ -566,6 +566,7 @@ def test_serve_deployment_current_follows_promote_and_rollback_without_failing_a
             "sequence": 1,
             "refused": False,
             "mismatch": None,
+            "canary": None,
         }
         # The admin API cannot fight the pointer.
         reload = server.post(
@@ -641,6 +642,7 @@ def test_serve_deployment_current_follows_promote_and_rollback_without_failing_a
             "bundle_id": first_id,
             "sequence": 5,
             "refused": True,
+            "canary": None,
         }
         assert (mismatch["pointer_bundle"], mismatch["served_bundle"]) == (first_id, second_id)
         assert "model.safetensors: sha256 does not match the manifest" in mismatch["reason"]

@@ -23,7 +23,8 @@ from aieng_core.asset_keys import SERVING_BUNDLE
 from aieng_core.serving.http.deployment_watch import RollbackReadiness, read_rollback_readiness
 from aieng_core.serving.http.state import BUNDLE_ERRORS, ServingState
 from aieng_core.store import ArtifactStore
-from aieng_core.store.pointers import PRODUCTION, Pointer
+from aieng_core.store.canary_state import read_canary
+from aieng_core.store.pointers import PRODUCTION, DeploymentError, Pointer
 
 log = logging.getLogger("aieng.serving.http")
 
@@ -42,6 +43,14 @@ class PointerTarget:
     path: Path | None
     sequence: int
     rollback: RollbackReadiness | None = None  # the pointer's last rollback readiness check
+    canary: CanaryTarget | None = None  # a canary rollout's candidate beside the pointer, if one runs
+
+
+@dataclass(frozen=True)
+class CanaryTarget:
+    bundle_id: str
+    path: Path
+    share: float  # of the generation requests, by request id (store/canary_state.py)
 
 
 def read_target(home: Path, pointer: str = PRODUCTION) -> PointerTarget:
@@ -54,8 +63,18 @@ def read_target(home: Path, pointer: str = PRODUCTION) -> PointerTarget:
     rollback = read_rollback_readiness(home, pointer, sequence)
     if bundle_id is None:
         return PointerTarget(pointer, None, None, sequence, rollback)
-    path = ArtifactStore(home).artifact_dir(SERVING_BUNDLE, bundle_id)
-    return PointerTarget(pointer, bundle_id, path, sequence, rollback)
+    store = ArtifactStore(home)
+    path = store.artifact_dir(SERVING_BUNDLE, bundle_id)
+    canary = None
+    try:
+        running = read_canary(home, pointer)
+    except DeploymentError as exc:  # a damaged canary file: no canary (production goes on)
+        log.error("ignoring the canary rollout of the %s pointer: %s", pointer, exc)
+        running = None
+    if running is not None:
+        canary_id = running["bundle_id"]
+        canary = CanaryTarget(canary_id, store.artifact_dir(SERVING_BUNDLE, canary_id), float(running["share"]))
+    return PointerTarget(pointer, bundle_id, path, sequence, rollback, canary)
 
 
 async def follow_pointer(
@@ -84,10 +103,46 @@ async def follow_pointer(
         unreadable = None
         state.rollback = target.rollback
         unchanged = state.following is not None and target.bundle_id == state.following.bundle_id
-        if unchanged and (state.refused_at is None or time.monotonic() - state.refused_at < retry_s):
-            continue
-        async with reload_lock:
-            await _switch(state, target, retry_s)
+        if not unchanged or (state.refused_at is not None and time.monotonic() - state.refused_at >= retry_s):
+            async with reload_lock:
+                await _switch(state, target, retry_s)
+        await _follow_canary(state, target.canary, retry_s)
+
+
+async def _follow_canary(state: ServingState, canary: CanaryTarget | None, retry_s: float) -> None:
+    """Load the canary's candidate beside what is served, route its share to it, and drop
+    it when the rollout ends (rolled back: the file is gone; promoted: production adopted it)."""
+    served = state.current.bundle_id if state.current is not None else None
+    if canary is None or canary.bundle_id == served:
+        if state.canary is not None:
+            replica = state.uninstall_canary()
+            log.info("canary %s ended: every request goes to %s", replica.bundle_id if replica else None, served)
+        state.canary_refused = None
+        return
+    if state.canary is not None and state.canary.bundle_id == canary.bundle_id:
+        if state.canary_share != canary.share:
+            log.info("canary %s: now %.0f%% of the requests", canary.bundle_id, 100 * canary.share)
+        state.canary_share = canary.share
+        return
+    refused = state.canary_refused
+    if refused is not None and refused[0] == canary.bundle_id and time.monotonic() - refused[1] < retry_s:
+        return
+    assert state.reload_lock is not None
+    async with state.reload_lock:
+        try:
+            replica = await state.open_replica(canary.path)
+        except Exception as exc:
+            state.canary_refused = (canary.bundle_id, time.monotonic(), str(exc))
+            log.error(
+                "the canary's bundle %s was refused (retried in %g s); every request goes to %s: %s",
+                canary.bundle_id, retry_s, served, exc, exc_info=not isinstance(exc, BUNDLE_ERRORS),
+            )  # fmt: skip
+            return
+    state.install_canary(replica, canary.share)
+    log.info(
+        "canary %s loaded beside %s: %.0f%% of the requests", replica.bundle_id, served, 100 * canary.share,
+        extra={"bundle_id": replica.bundle_id},
+    )  # fmt: skip
 
 
 async def _switch(state: ServingState, target: PointerTarget, retry_s: float) -> None:
@@ -102,6 +157,12 @@ async def _switch(state: ServingState, target: PointerTarget, retry_s: float) ->
     if target.bundle_id is not None and target.bundle_id == old_id:
         state.refused_at, state.refusal = None, None
         return  # rolled back to the bundle still served (after a refused one): nothing to load
+    if state.canary is not None and target.bundle_id == state.canary.bundle_id:
+        state.refused_at, state.refusal = None, None
+        state.adopt_canary()  # the canary was promoted: its replica, loaded and warm, serves everything
+        log.info("following the %s pointer: the canary %s now serves every request (was %s)",
+                 target.pointer, target.bundle_id, old_id)  # fmt: skip
+        return
     if target.path is None:
         state.refused_at, state.refusal = None, None
         state.uninstall()

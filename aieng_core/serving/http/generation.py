@@ -141,7 +141,11 @@ class Generation:
                 request_id if choices == 1 else f"{request_id}-{index}",
                 prompts[index // samples],
                 sample_params(params, index % samples),
-                self._sink(loop, index, RequestTracker(self.state.metrics, time.monotonic, index % samples == 0)),
+                self._sink(
+                    loop,
+                    index,
+                    RequestTracker(self.state.metrics, time.monotonic, self.replica.bundle_id, index % samples == 0),
+                ),
             )
             for index in range(choices)
         ]
@@ -151,12 +155,12 @@ class Generation:
         except RequestError as exc:
             raise request_error(exc, rename=rename) from None
         except QueueFull:
-            self.state.metrics.reject("overloaded")
+            self.state.metrics.reject("overloaded", self.replica.bundle_id)
             raise queue_full() from None
         except EngineStopped:
             # The loop died (or stopped) after this request took its replica: say what
             # readiness says now, never a 500.
-            self.state.metrics.reject("not_ready")
+            self.state.metrics.reject("not_ready", self.replica.bundle_id)
             raise self.state.unavailable() or ApiError(
                 503, "the engine loop stopped after an error", "unavailable", code="engine_failed"
             ) from None
@@ -198,7 +202,7 @@ class Generation:
                 index, output = self.queue.get_nowait()
         except TimeoutError:
             self.cancel()
-            self.state.metrics.reject("timeout")
+            self.state.metrics.reject("timeout", self.replica.bundle_id)
             timeout = self.state.config.serving.request_timeout_s
             raise ApiError(
                 504, f"the request did not finish within request_timeout_s ({timeout:g} s)", "timeout", code="timeout"
@@ -311,7 +315,7 @@ def begin_with(
     is rendered through that replica's bundle's template): `prepare(replica)` gives the
     prompts (text or token ids) and the sampling parameters, or raises the ApiError to answer."""
     arrival = time.monotonic()
-    replica = state.acquire()
+    replica = state.acquire(request_id)
     generation = Generation(state, replica, arrival, stream)
     generation.response_id = request_id
     context = current_context()

@@ -22,6 +22,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from aieng_core.store.request_log import NO_BUNDLE
+
 # Latency buckets in seconds: a tiny CPU model answers in milliseconds, a loaded server in
 # tens of seconds; vLLM's buckets span the same range.
 REQUEST_LATENCY_BUCKETS = (
@@ -101,6 +103,7 @@ POINTER_METRICS = (
 )
 
 REJECT_REASONS = ("overloaded", "draining", "not_ready", "timeout")
+BUNDLE = "bundle_id"  # the label naming the bundle that answered
 
 # The endpoints counted by path in aieng_http_requests_total (anything else is "other", so a
 # scanner cannot grow the label set).
@@ -137,19 +140,19 @@ class ServingMetrics:
         h = METRIC_HELP
         self.ttft = Histogram(
             "aieng_time_to_first_token_seconds", h["aieng_time_to_first_token_seconds"],
-            buckets=REQUEST_LATENCY_BUCKETS, registry=r,
+            [BUNDLE], buckets=REQUEST_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.itl = Histogram(
             "aieng_inter_token_latency_seconds", h["aieng_inter_token_latency_seconds"],
-            buckets=TOKEN_LATENCY_BUCKETS, registry=r,
+            [BUNDLE], buckets=TOKEN_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.e2e = Histogram(
             "aieng_e2e_request_latency_seconds", h["aieng_e2e_request_latency_seconds"],
-            buckets=REQUEST_LATENCY_BUCKETS, registry=r,
+            [BUNDLE], buckets=REQUEST_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.queue_time = Histogram(
             "aieng_request_queue_time_seconds", h["aieng_request_queue_time_seconds"],
-            buckets=REQUEST_LATENCY_BUCKETS, registry=r,
+            [BUNDLE], buckets=REQUEST_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.batch_size = Histogram("aieng_batch_size", h["aieng_batch_size"], buckets=BATCH_SIZE_BUCKETS, registry=r)
         self.running = Gauge("aieng_num_requests_running", h["aieng_num_requests_running"], registry=r)
@@ -159,17 +162,22 @@ class ServingMetrics:
         self.max_waiting = Gauge("aieng_max_num_requests_waiting", h["aieng_max_num_requests_waiting"], registry=r)
         self.ready = Gauge("aieng_ready", h["aieng_ready"], registry=r)
         # Counter names are given without _total: prometheus_client appends it.
+        # Every series about an answer carries the bundle that answered (bundle_id; "none" when
+        # none could): during a canary rollout, each side is read apart.
         self.success = Counter(
-            "aieng_request_success", h["aieng_request_success_total"], ["finished_reason"], registry=r
+            "aieng_request_success", h["aieng_request_success_total"], ["finished_reason", BUNDLE], registry=r
         )
-        self.prompt_tokens = Counter("aieng_prompt_tokens", h["aieng_prompt_tokens_total"], registry=r)
-        self.generation_tokens = Counter("aieng_generation_tokens", h["aieng_generation_tokens_total"], registry=r)
+        self.prompt_tokens = Counter("aieng_prompt_tokens", h["aieng_prompt_tokens_total"], [BUNDLE], registry=r)
+        self.generation_tokens = Counter(
+            "aieng_generation_tokens", h["aieng_generation_tokens_total"], [BUNDLE], registry=r
+        )
         self.http_requests = Counter(
-            "aieng_http_requests", h["aieng_http_requests_total"], ["endpoint", "status"], registry=r
+            "aieng_http_requests", h["aieng_http_requests_total"], ["endpoint", "status", BUNDLE], registry=r
         )
-        self.rejected = Counter("aieng_requests_rejected", h["aieng_requests_rejected_total"], ["reason"], registry=r)
-        for reason in REJECT_REASONS:
-            self.rejected.labels(reason=reason)  # export zeros: a rate over a missing series is no rate
+        self.rejected = Counter(
+            "aieng_requests_rejected", h["aieng_requests_rejected_total"], ["reason", BUNDLE], registry=r
+        )
+        self.export_rejections(NO_BUNDLE)
         self.kv_free_slots = Gauge("aieng_kv_cache_free_slots", h["aieng_kv_cache_free_slots"], registry=r)
         self.kv_slots = Gauge("aieng_kv_cache_slots", h["aieng_kv_cache_slots"], registry=r)
         self.kv_bytes = Gauge("aieng_kv_cache_bytes", h["aieng_kv_cache_bytes"], registry=r)
@@ -205,6 +213,21 @@ class ServingMetrics:
         self.bundle_info.clear()
         if bundle_id is not None:
             self.bundle_info.labels(bundle_id=bundle_id).set(1)
+            self.export_bundle(bundle_id)
+
+    def export_bundle(self, bundle_id: str) -> None:
+        """The request series of `bundle_id` at zero, from the moment it serves (a rate or a
+        quantile over a series that does not exist yet is no answer at all)."""
+        self.export_rejections(bundle_id)
+        for histogram in (self.ttft, self.itl, self.e2e, self.queue_time):
+            histogram.labels(bundle_id=bundle_id)
+        self.prompt_tokens.labels(bundle_id=bundle_id)
+        self.generation_tokens.labels(bundle_id=bundle_id)
+
+    def export_rejections(self, bundle_id: str) -> None:
+        """Zeros for every rejection reason of `bundle_id`."""
+        for reason in REJECT_REASONS:
+            self.rejected.labels(reason=reason, bundle_id=bundle_id)
 
     def set_config(self, path: str, valid: bool) -> None:
         """Whether the config file at `path` loads (config_watch.py)."""
@@ -267,17 +290,18 @@ class ServingMetrics:
         finish_reason: str,
         prompt_tokens: int,
         e2e_seconds: float | None,
+        bundle_id: str = NO_BUNDLE,
     ) -> None:
-        self.success.labels(finished_reason=finish_reason).inc()
-        self.prompt_tokens.inc(prompt_tokens)
+        self.success.labels(finished_reason=finish_reason, bundle_id=bundle_id).inc()
+        self.prompt_tokens.labels(bundle_id=bundle_id).inc(prompt_tokens)
         if e2e_seconds is not None:
-            self.e2e.observe(e2e_seconds)
+            self.e2e.labels(bundle_id=bundle_id).observe(e2e_seconds)
 
-    def count_http(self, endpoint: str, status: int) -> None:
-        self.http_requests.labels(endpoint=endpoint, status=str(status)).inc()
+    def count_http(self, endpoint: str, status: int, bundle_id: str = NO_BUNDLE) -> None:
+        self.http_requests.labels(endpoint=endpoint, status=str(status), bundle_id=bundle_id).inc()
 
-    def reject(self, reason: str) -> None:
-        self.rejected.labels(reason=reason).inc()
+    def reject(self, reason: str, bundle_id: str = NO_BUNDLE) -> None:
+        self.rejected.labels(reason=reason, bundle_id=bundle_id).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -287,9 +311,15 @@ class RequestTracker:
     """Per-request metrics fed from the engine thread, one RequestOutput at a time: TTFT and
     queue time once, one inter-token latency per new token, and the finish."""
 
-    def __init__(self, metrics: ServingMetrics, clock: Any, counts_prompt: bool = True) -> None:
+    def __init__(self, metrics: ServingMetrics, clock: Any, bundle_id: str, counts_prompt: bool = True) -> None:
         self._metrics = metrics
         self._clock = clock
+        self._bundle_id = bundle_id
+        # The series of the bundle that answers, bound once: the engine thread feeds them per token.
+        self._generation_tokens = metrics.generation_tokens.labels(bundle_id=bundle_id)
+        self._itl = metrics.itl.labels(bundle_id=bundle_id)
+        self._queue_time = metrics.queue_time.labels(bundle_id=bundle_id)
+        self._ttft = metrics.ttft.labels(bundle_id=bundle_id)
         # False for the samples of a prompt after its first (n): the prompt is counted once.
         self._counts_prompt = counts_prompt
         self._last_token_time: float | None = None
@@ -300,19 +330,20 @@ class RequestTracker:
         now = self._clock()
         new_tokens = len(output.new_token_ids)
         if new_tokens:
-            self._metrics.generation_tokens.inc(new_tokens)
+            self._generation_tokens.inc(new_tokens)
             if self._last_token_time is not None:
                 # A step yields one token per request; should it yield several, spread the gap.
                 gap = (now - self._last_token_time) / new_tokens
                 for _ in range(new_tokens):
-                    self._metrics.itl.observe(gap)
+                    self._itl.observe(gap)
             self._last_token_time = now
         if not self._queue_seen and output.queue_seconds is not None:
             self._queue_seen = True
-            self._metrics.queue_time.observe(output.queue_seconds)
+            self._queue_time.observe(output.queue_seconds)
         if not self._ttft_seen and output.ttft_seconds is not None:
             self._ttft_seen = True
-            self._metrics.ttft.observe(output.ttft_seconds)
+            self._ttft.observe(output.ttft_seconds)
         if output.finished:
             prompt_tokens = output.prompt_tokens if self._counts_prompt else 0
-            self._metrics.observe_finished(output.finish_reason or "error", prompt_tokens, output.e2e_seconds)
+            reason = output.finish_reason or "error"
+            self._metrics.observe_finished(reason, prompt_tokens, output.e2e_seconds, self._bundle_id)

@@ -116,7 +116,8 @@ class RequestContextMiddleware:
                 error = ApiError(500, f"internal error (request id {context.request_id})", "internal_error")
                 await error.response()(scope, receive, send_with_id)
         finally:
-            self.state.metrics.count_http(endpoint, int(status["code"]))
+            answered_by = named[0] if named else context.provenance or served_now(self.state)
+            self.state.metrics.count_http(endpoint, int(status["code"]), answered_by[0])
             if not quiet:
                 latency_ms = round((time.monotonic() - started) * 1000, 3)
                 log.info(

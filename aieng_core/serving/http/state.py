@@ -35,6 +35,7 @@ from aieng_core.serving.http.errors import ApiError, unavailable
 from aieng_core.serving.http.metrics import ServingMetrics
 from aieng_core.serving.http.replica import Replica, in_a_thread_of_its_own, open_replica
 from aieng_core.store import ArtifactIntegrityError
+from aieng_core.store.canary_state import routes_to_canary
 from aieng_core.store.request_log import NO_BUNDLE
 
 if TYPE_CHECKING:
@@ -81,6 +82,11 @@ class ServingState:
         self.phase = "loading"  # loading -> ready | failed
         self.error: str | None = None
         self.current: Replica | None = None
+        # A canary rollout (deploy/canary.py): the candidate's replica beside `current`, and the
+        # share of generation requests it answers, chosen by request id.
+        self.canary: Replica | None = None
+        self.canary_share = 0.0
+        self.canary_refused: tuple[str, float, str] | None = None  # (bundle id, when, why)
         self.draining = False
         self.in_flight = 0
         self.reload_lock: asyncio.Lock | None = None  # made in the server's event loop
@@ -128,7 +134,16 @@ class ServingState:
             "sequence": following.sequence,
             "refused": self.refused_at is not None,
             "mismatch": self.mismatch(),
+            "canary": self.canary_info(),
         }
+
+    def canary_info(self) -> dict[str, Any] | None:
+        """The canary this server routes to (`bundle_id`, `share`), or the one it refused; None: none."""
+        if self.canary is not None:
+            return {"bundle_id": self.canary.bundle_id, "share": self.canary_share, "refused": None}
+        if self.canary_refused is not None:
+            return {"bundle_id": self.canary_refused[0], "share": 0.0, "refused": self.canary_refused[2]}
+        return None
 
     def mismatch(self) -> dict[str, Any] | None:
         """`{pointer_bundle, served_bundle, reason}` while the pointer names a bundle this
@@ -171,6 +186,10 @@ class ServingState:
     # ---- loading and swapping ----------------------------------------------------------------
     def _on_step(self, step: StepStats, _engine_stats: EngineStats) -> None:
         self.metrics.observe_step(step)
+
+    async def open_replica(self, path: Path) -> Replica:
+        """A new replica of the bundle at `path`, loaded off the event loop; not yet serving."""
+        return await self._open(path)
 
     async def _open(self, path: Path) -> Replica:
         # Not asyncio.to_thread: see in_a_thread_of_its_own (the engine thread must be the
@@ -234,6 +253,33 @@ class ServingState:
             self._retire(previous)
         return previous
 
+    def install_canary(self, replica: Replica, share: float) -> None:
+        """Route `share` of the generation requests to `replica` (a canary's candidate)."""
+        previous, self.canary, self.canary_share = self.canary, replica, share
+        self.canary_refused = None
+        self._replicas.append(replica)
+        self.metrics.export_bundle(replica.bundle_id)
+        if previous is not None:
+            self._retire(previous)
+
+    def uninstall_canary(self) -> Replica | None:
+        """Stop routing to the canary (rolled back, or ended): in-flight requests finish on it."""
+        previous, self.canary, self.canary_share = self.canary, None, 0.0
+        if previous is not None:
+            self._retire(previous)
+        return previous
+
+    def adopt_canary(self) -> Replica | None:
+        """The pointer now names the canary's bundle (promoted): its replica serves everything,
+        with nothing to load; the one it replaces retires. Returns that one."""
+        replica, self.canary, self.canary_share = self.canary, None, 0.0
+        assert replica is not None
+        previous, self.current = self.current, replica
+        self.metrics.set_bundle(replica.bundle_id)
+        if previous is not None:
+            self._retire(previous)
+        return previous
+
     def uninstall(self) -> Replica | None:
         """Serve nothing (a pointer rolled back to no bundle): in-flight requests finish on
         the retired engine; new ones get 503 until a bundle is promoted."""
@@ -266,15 +312,24 @@ class ServingState:
             await asyncio.gather(*self._background, return_exceptions=True)
 
     # ---- leases: which replica a generation request uses ---------------------------------------
-    def acquire(self) -> Replica:
+    def acquire(self, request_id: str | None = None) -> Replica:
         """The replica a new generation request holds until release(); a 503 saying why not
-        (the same answer as readiness) when none can take it."""
+        (the same answer as readiness) when none can take it. During a canary rollout, the
+        request goes to the candidate when its id hashes into the canary's share (sticky)."""
         refusal = self.unavailable()
         if refusal is not None:
             self.metrics.reject("draining" if refusal.code == "draining" else "not_ready")
             raise refusal
         replica = self.current
         assert replica is not None
+        canary = self.canary
+        if (
+            canary is not None
+            and request_id is not None
+            and canary.loop.running
+            and routes_to_canary(request_id, self.canary_share)
+        ):
+            replica = canary
         replica.active += 1
         self.in_flight += 1
         return replica

@@ -17,7 +17,10 @@ from tests.bundle_fixtures import BundledHome
 from tests.conftest import TINY_CONFIG
 from tests.core.deploy import BundlePair, build_bundle_pair, home_with_bundles
 
-STATUS_KEYS = ["current", "history", "pointer", "previous", "sequence", "stack", "torn_tail", "unapplied", "withdrawn"]
+STATUS_KEYS = [
+    "canary", "canary_history", "current", "history", "pointer", "previous", "sequence", "stack", "torn_tail",
+    "unapplied", "withdrawn",
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +67,8 @@ def test_status_json_when_nothing_is_deployed(capsys: pytest.CaptureFixture[str]
         "history": [],
         "unapplied": [],
         "torn_tail": None,
+        "canary": None,
+        "canary_history": [],
     }
 
 

@@ -103,6 +103,8 @@ def test_nothing_deployed_yet(deploy_home: Path) -> None:
         "history": [],
         "unapplied": [],
         "torn_tail": None,
+        "canary": None,
+        "canary_history": [],
     }
     assert deployments.withdrawn() == {} and deployments.rollback_target() is None
     assert not (deploy_home / "deployments").exists()  # reading creates nothing
@@ -153,6 +155,8 @@ def test_first_promote_verifies_records_and_switches(deploy_home: Path, pair: Bu
         "history": [recorded],
         "unapplied": [],
         "torn_tail": None,
+        "canary": None,
+        "canary_history": [],
     }
 
 

@@ -56,9 +56,9 @@ def swap_after_acquiring(state: ServingState, monkeypatch: pytest.MonkeyPatch, r
     that completed just after the request came in."""
     acquire = state.acquire
 
-    def swapped() -> Replica:
+    def swapped(request_id: str | None = None) -> Replica:
         monkeypatch.setattr(state, "acquire", acquire)
-        taken = acquire()
+        taken = acquire(request_id)
         state._install(replica)
         return taken
 

@@ -116,10 +116,10 @@ def swap_when_acquired(state: ServingState, monkeypatch: pytest.MonkeyPatch, rep
     """The next acquire() finds `replica` installed: a reload completed just as a request came in."""
     acquire = state.acquire
 
-    def swapped() -> Replica:
+    def swapped(request_id: str | None = None) -> Replica:
         monkeypatch.setattr(state, "acquire", acquire)
         state._install(replica)
-        return acquire()
+        return acquire(request_id)
 
     monkeypatch.setattr(state, "acquire", swapped)
 
@@ -157,8 +157,8 @@ def test_an_engine_that_dies_under_a_request_is_a_503_as_readiness_says(
     state = server.state
     acquire = state.acquire
 
-    def dies_after_acquiring() -> Replica:
-        replica = acquire()
+    def dies_after_acquiring(request_id: str | None = None) -> Replica:
+        replica = acquire(request_id)
         replica.loop.stop()  # the loop is gone before the request reaches it
         return replica
 
