@@ -12,6 +12,7 @@ result. A refusal prints one line on stderr and exits 1, with nothing on stdout.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -253,6 +254,12 @@ def cmd_deploy_canary(args: argparse.Namespace) -> int:
     from aieng_core.store.request_log import LOGS_DIR, REQUEST_LOG_FILE
 
     home = resolve_home(args.home)
+    if args.abort:
+        return _abort_canary(home, args)
+    if args.bundle_id is None:
+        return _refused(ValueError("aieng deploy canary: BUNDLE_ID is required (or --abort)"))
+    # SIGTERM (a stopped job, a lost shell) ends the rollout as Ctrl-C does: canary.json removed, "aborted" recorded.
+    signal.signal(signal.SIGTERM, _interrupted)
     try:
         steps, hold = parse_steps(args.steps), parse_duration(args.hold)
         policy = CanaryPolicy(
@@ -279,6 +286,30 @@ def cmd_deploy_canary(args: argparse.Namespace) -> int:
         return _refused(exc)
     emit(report, args.json, _format_gate)
     tell_dagster(report["event"], PRODUCTION)
+    return 0
+
+
+def _interrupted(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _abort_canary(home: Path, args: argparse.Namespace) -> int:
+    """Remove a canary's state by hand (its rollout's process is gone, or must stop): the
+    servers stop routing to it within a poll; a rollout still running sees it and fails."""
+    from aieng_core.deploy.canary import record_event
+    from aieng_core.deploy.deployments import default_actor
+    from aieng_core.store.canary_state import clear_canary, read_canary
+
+    try:
+        running = read_canary(home, PRODUCTION)
+    except ValueError as exc:  # damaged: removed all the same
+        running = {"bundle_id": "unknown", "damaged": str(exc)}
+    if running is None:
+        return _refused(ValueError("no canary rollout runs on production: nothing to abort"))
+    clear_canary(home, PRODUCTION)
+    event = record_event(home, PRODUCTION, {"action": "aborted", "bundle_id": running["bundle_id"],
+                                            "reason": f"aieng deploy canary --abort by {default_actor()}"})  # fmt: skip
+    emit(event, args.json, lambda e: f"aborted the canary of {e['bundle_id']} on production")
     return 0
 
 
@@ -361,15 +392,20 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "log). A breach removes the canary at once, records why in deployments/production/canary-history.jsonl "
         "and exits 1 with production unchanged; after the last step the bundle is promoted.",
     )
-    canary.add_argument("bundle_id", metavar="BUNDLE_ID", help="a serving_bundle id (`aieng bundle current`)")
+    canary.add_argument(
+        "bundle_id", nargs="?", metavar="BUNDLE_ID", help="a serving_bundle id (`aieng bundle current`)"
+    )
+    canary.add_argument(
+        "--abort", action="store_true", help="remove the running canary (the servers stop routing to it)"
+    )
     canary.add_argument(
         "--steps", default="5,25,100", metavar="P,P,...", help="percent of traffic per step (default 5,25,100)"
     )
     canary.add_argument(
         "--hold", default="10m", metavar="DURATION", help="how long each step holds: 30s, 10m, 1h (default 10m)"
     )
-    canary.add_argument("--min-requests", type=int, default=20, metavar="N",
-                        help="the candidate's requests a step needs before it is judged (default 20)")  # fmt: skip
+    canary.add_argument("--min-requests", type=int, default=500, metavar="N",
+                        help="the requests each side needs in a step before it is judged (default 500)")  # fmt: skip
     canary.add_argument("--max-error-rate-increase", type=float, default=0.01, metavar="X",
                         help="how far the candidate's error rate may exceed production's (default 0.01)")  # fmt: skip
     canary.add_argument("--max-p99-ratio", type=float, default=1.5, metavar="X",

@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -103,40 +103,88 @@ class WindowFigures:
     """One bundle's generation requests in a window of the request log."""
 
     requests: int
-    errors: int  # answered 5xx
-    p99_ms: float | None  # None: no request
+    errors: int  # answered 5xx or 429: the server failed or shed the request
+    p99_ms: float | None  # of the requests answered 2xx; None: none was
+    client_errors: int = 0  # answered another 4xx: as common on both sides, unless the bundle refuses requests
+    first_arrival: float | None = None  # epoch seconds of the first request counted
 
     @property
     def error_rate(self) -> float:
         return self.errors / self.requests if self.requests else 0.0
 
+    @property
+    def client_error_rate(self) -> float:
+        return self.client_errors / self.requests if self.requests else 0.0
+
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "error_rate": self.error_rate}
+        return {**asdict(self), "error_rate": self.error_rate, "client_error_rate": self.client_error_rate}
 
 
-def read_window(log_path: Path, since: float, bundle_ids: Sequence[str], offset: int = 0) -> dict[str, WindowFigures]:
-    """Each of `bundle_ids`' generation requests that arrived at `since` (epoch seconds) or
-    later, from the request log at `log_path`, read from byte `offset` on (its size when the
-    rollout began: the log is only appended to)."""
-    latencies: dict[str, list[float]] = {bundle: [] for bundle in bundle_ids}
-    errors = dict.fromkeys(bundle_ids, 0)
-    for record in _records(log_path, offset):
-        bundle = record.get("bundle_id")
-        if bundle not in latencies or record.get("path") not in GENERATION_PATHS:
-            continue
+@dataclass(frozen=True)
+class _Answer:
+    arrival: float
+    latency_ms: float
+    status: int
+
+
+class RequestLogWindow:
+    """The generation requests of some bundles in the request log, read as it grows: each
+    poll() reads only the lines appended since the last (the log is append-only); a rotation
+    (another file at the path) is followed from its start. figures() counts the requests that
+    arrived at `since` or later."""
+
+    def __init__(self, log_path: Path, bundle_ids: Sequence[str]) -> None:
+        self.log_path = log_path
+        self.answers: dict[str, list[_Answer]] = {bundle: [] for bundle in bundle_ids}
+        self._position = log_size(log_path)  # what was there before the rollout is not its traffic
+        self._inode = _inode(log_path)
+        self._partial = b""
+
+    def poll(self) -> None:
+        inode = _inode(self.log_path)
+        if inode is None:
+            return
+        if inode != self._inode or log_size(self.log_path) < self._position:
+            self._inode, self._position, self._partial = inode, 0, b""  # rotated: a new file
+        with self.log_path.open("rb") as log:
+            log.seek(self._position)
+            data = self._partial + log.read()
+            self._position = log.tell()
+        *lines, self._partial = data.split(b"\n")  # the last piece may be a line still being written
+        for line in lines:
+            self._take(line)
+
+    def _take(self, line: bytes) -> None:
         try:
-            arrived = dt.datetime.fromisoformat(record["time"]).timestamp()
-            latency, status = float(record["latency_ms"]), int(record["status"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        if arrived < since:
-            continue
-        latencies[bundle].append(latency)
-        errors[bundle] += status >= 500
-    return {
-        bundle: WindowFigures(len(values), errors[bundle], percentile(values, 99) if values else None)
-        for bundle, values in latencies.items()
-    }
+            record = json.loads(line)
+            answers = self.answers.get(record.get("bundle_id"))
+            if answers is None or record.get("path") not in GENERATION_PATHS:
+                return
+            arrival = dt.datetime.fromisoformat(record["time"]).timestamp()
+            answers.append(_Answer(arrival, float(record["latency_ms"]), int(record["status"])))
+        except (AttributeError, KeyError, TypeError, ValueError):
+            return  # not a record (a torn or foreign line)
+
+    def figures(self, bundle_id: str, since: float) -> WindowFigures:
+        answers = [a for a in self.answers[bundle_id] if a.arrival >= since]
+        errors = sum(a.status >= 500 or a.status == 429 for a in answers)
+        client = sum(400 <= a.status < 500 and a.status != 429 for a in answers)
+        succeeded = [a.latency_ms for a in answers if 200 <= a.status < 300]
+        first = min((a.arrival for a in answers), default=None)
+        p99 = percentile(succeeded, 99) if succeeded else None
+        return WindowFigures(len(answers), errors, p99, client, first)
+
+    def forget_before(self, since: float) -> None:
+        """Drop what arrived before `since` (a past step's): memory stays one step's traffic."""
+        for bundle, answers in self.answers.items():
+            self.answers[bundle] = [a for a in answers if a.arrival >= since]
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except FileNotFoundError:
+        return None
 
 
 def log_size(log_path: Path) -> int:
@@ -146,22 +194,13 @@ def log_size(log_path: Path) -> int:
         return 0
 
 
-def _records(log_path: Path, offset: int = 0) -> Iterator[dict[str, Any]]:
-    try:
-        with log_path.open("rb") as log:
-            if offset > log_path.stat().st_size:
-                offset = 0  # rotated since: a new file
-            log.seek(offset)
-            lines = log.read().splitlines()
-    except FileNotFoundError:
-        return
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            yield record
+def read_window(log_path: Path, since: float, bundle_ids: Sequence[str]) -> dict[str, WindowFigures]:
+    """Each bundle's generation requests in the whole log that arrived at `since` or later."""
+    window = RequestLogWindow(log_path, bundle_ids)
+    window._position, window._inode = 0, _inode(log_path)
+    window.poll()
+    window._take(window._partial)  # a last line without its newline
+    return {bundle: window.figures(bundle, since) for bundle in bundle_ids}
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -175,25 +214,42 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 @dataclass(frozen=True)
 class CanaryPolicy:
-    """When a step passes: the candidate answered at least `min_requests`, its error rate is
-    at most production's plus `max_error_rate_increase`, and its P99 latency at most
-    production's times `max_p99_ratio` plus `p99_slack_ms` (the slack keeps a few
-    milliseconds of noise on a fast model from reading as a 50% regression)."""
+    """When a step passes, judged once at the end of its hold (a judgement at every poll
+    would take the worst of many looks: measured in docs/deployment/canary.md): the candidate
+    answered at least `min_requests`; its error rate (5xx and 429) and its rate of other 4xx
+    are each at most production's plus `max_error_rate_increase`; its P99 latency (of 2xx
+    answers) at most production's times `max_p99_ratio` plus `p99_slack_ms` (the slack keeps a
+    few milliseconds of noise on a fast model from reading as a 50% regression)."""
 
-    min_requests: int = 20
+    min_requests: int = 500  # measured: fewer make false rollbacks of heavy-tailed latencies common
     max_error_rate_increase: float = 0.01
     max_p99_ratio: float = 1.5
     p99_slack_ms: float = 5.0
 
+    def __post_init__(self) -> None:
+        if self.min_requests < 1:
+            raise DeploymentError(f"--min-requests must be at least 1, not {self.min_requests}")
+        if not 0.0 <= self.max_error_rate_increase <= 1.0:
+            raise DeploymentError(f"--max-error-rate-increase must be in [0, 1], not {self.max_error_rate_increase}")
+        if not self.max_p99_ratio >= 1.0 or math.isinf(self.max_p99_ratio):
+            raise DeploymentError(f"--max-p99-ratio must be at least 1, not {self.max_p99_ratio}")
+        if not self.p99_slack_ms >= 0.0 or math.isinf(self.p99_slack_ms):
+            raise DeploymentError(f"--p99-slack-ms must be at least 0, not {self.p99_slack_ms}")
+
 
 def judge(candidate: WindowFigures, baseline: WindowFigures, policy: CanaryPolicy) -> str | None:
-    """Why the candidate breaches its SLOs against `baseline`, or None when it does not.
-    Needs `policy.min_requests` of the candidate's (the caller waits for them)."""
+    """Why the candidate breaches its SLOs against `baseline`, or None when it does not."""
     if candidate.error_rate > baseline.error_rate + policy.max_error_rate_increase:
         return (
-            f"error rate {candidate.error_rate:.2%} ({candidate.errors} of {candidate.requests}) against "
-            f"production's {baseline.error_rate:.2%} ({baseline.errors} of {baseline.requests}): more than "
-            f"{policy.max_error_rate_increase:.2%} above"
+            f"error rate {candidate.error_rate:.2%} ({candidate.errors} of {candidate.requests}, 5xx and 429) "
+            f"against production's {baseline.error_rate:.2%} ({baseline.errors} of {baseline.requests}): more "
+            f"than {policy.max_error_rate_increase:.2%} above"
+        )
+    if candidate.client_error_rate > baseline.client_error_rate + policy.max_error_rate_increase:
+        return (
+            f"refused {candidate.client_error_rate:.2%} of its requests with a 4xx ({candidate.client_errors} of "
+            f"{candidate.requests}) against production's {baseline.client_error_rate:.2%}: more than "
+            f"{policy.max_error_rate_increase:.2%} above (the same clients send both sides the same requests)"
         )
     if candidate.p99_ms is not None and baseline.p99_ms is not None:
         limit = baseline.p99_ms * policy.max_p99_ratio + policy.p99_slack_ms

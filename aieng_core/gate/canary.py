@@ -27,12 +27,13 @@ of the step before: hence the first step must be below 100.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from aieng_core.deploy.canary import CanaryPolicy, WindowFigures, judge, log_size, now_iso, read_window, record_event
+from aieng_core.deploy.canary import CanaryPolicy, RequestLogWindow, WindowFigures, judge, now_iso, record_event
 from aieng_core.deploy.deployments import DeploymentError, Deployments
 from aieng_core.gate.report import GateFailed
 from aieng_core.store.canary_state import clear_canary, read_canary, write_canary
@@ -79,12 +80,11 @@ def canary_rollout(
     """The rollout run_gate runs in place of its promote (its `rollout`)."""
 
     def rollout(promote: Callable[[dict[str, Any] | None], dict[str, Any]]) -> dict[str, Any]:
-        production = Deployments(home, pointer)
-        current = production.current()
+        current = Deployments(home, pointer).current()
         baseline_id = current["bundle_id"]
         if baseline_id is None:
             raise GateFailed(STEP, "production", f"nothing is deployed on {pointer} to compare the candidate with")
-        offset = log_size(log_path)
+        window = RequestLogWindow(log_path, [bundle_id, baseline_id])
         state = {
             "bundle_id": bundle_id,
             "share": 0.0,
@@ -96,99 +96,153 @@ def canary_rollout(
             "pointer_sequence": current["sequence"],
             "production": baseline_id,
         }
+        watch = Watch(home, pointer, state, window, policy, hold_s, poll_s, first_answer_s, clock, sleep)
         record_event(home, pointer, {"action": "start", "bundle_id": bundle_id, "production": baseline_id,
                                      "steps": list(steps), "hold_s": hold_s, "actor": actor})  # fmt: skip
-        done: list[dict[str, Any]] = []
         promoted = False
         try:
-            last_baseline: WindowFigures | None = None
             for number, share in enumerate(steps, 1):
-                write_canary(home, pointer, {**state, "share": share, "step": number, "updated_at": now_iso()})
                 logger.info(f"canary {bundle_id}: step {number} of {len(steps)}, {share:.0%} of the traffic")
-                figures = watch_step(
-                    log_path, offset, bundle_id, baseline_id, share, hold_s, policy, last_baseline,
-                    poll_s, first_answer_s, clock, sleep,
-                )  # fmt: skip
-                figures["step"] = number
-                done.append(figures)
+                figures = watch.step(number, share)
                 if figures.get("breach"):
-                    rolled_back(home, pointer, bundle_id, figures, done, logger)
-                if figures["production"]["requests"] >= policy.min_requests:
-                    last_baseline = WindowFigures(
-                        **{k: figures["production"][k] for k in ("requests", "errors", "p99_ms")}
-                    )
+                    rolled_back(home, pointer, bundle_id, figures, watch.done, logger)
                 record_event(home, pointer, {"action": "step", "bundle_id": bundle_id, **figures})
                 logger.info(f"canary {bundle_id}: step {number} ({share:.0%}) held: {_summary(figures)}")
-            event = promote({"canary": {"steps": done, "hold_s": hold_s, "policy": vars(policy)}})
+            event = promote({"canary": {"steps": watch.done, "hold_s": hold_s, "policy": vars(policy)}})
             promoted = True
             record_event(home, pointer, {"action": "promoted", "bundle_id": bundle_id, "sequence": event["sequence"]})
             return event
-        except GateFailed:
+        except GateFailed as exc:
+            if exc.figure != "slo":  # an abort or a pointer moved by hand: said, then the gate fails
+                record_event(home, pointer, {"action": "aborted", "bundle_id": bundle_id, "steps": watch.done,
+                                             "reason": exc.reason})  # fmt: skip
             raise
         except BaseException as exc:
             if not promoted:
-                record_event(home, pointer, {"action": "aborted", "bundle_id": bundle_id, "steps": done,
+                record_event(home, pointer, {"action": "aborted", "bundle_id": bundle_id, "steps": watch.done,
                                              "reason": f"{type(exc).__name__}: {exc}"})  # fmt: skip
             raise
         finally:
-            clear_canary(home, pointer)
+            if read_canary_quietly(home, pointer, state["started_at"]):
+                clear_canary(home, pointer)
 
     return rollout
 
 
-def watch_step(
-    log_path: Path,
-    offset: int,
-    bundle_id: str,
-    baseline_id: str,
-    share: float,
-    hold_s: float,
-    policy: CanaryPolicy,
-    last_baseline: WindowFigures | None,
-    poll_s: float,
-    first_answer_s: float,
-    clock: Callable[[], float],
-    sleep: Callable[[float], None],
-) -> dict[str, Any]:
-    """One step's figures once it held for `hold_s`, or with `breach` (why) as soon as one is seen."""
-    since = clock()
-    while True:
-        sleep(poll_s)
-        elapsed = clock() - since
-        window = read_window(log_path, since, [bundle_id, baseline_id], offset)
-        candidate, production = window[bundle_id], window[baseline_id]
-        baseline = production if production.requests >= policy.min_requests else last_baseline
-        figures: dict[str, Any] = {
-            "share": share,
-            "seconds": round(elapsed, 3),
-            "candidate": candidate.as_dict(),
-            "production": production.as_dict(),
-            "compared_with": "this window" if baseline is production else "the previous step's window",
-        }
-        if candidate.requests == 0 and elapsed > first_answer_s:
-            return {**figures, "breach": f"the candidate answered no request in {first_answer_s:g} s: no server "
-                    "follows the pointer, or every one refused the bundle (its log says why)"}  # fmt: skip
-        if candidate.requests >= policy.min_requests:
-            if baseline is None:
-                if elapsed >= 3 * hold_s:
-                    return {**figures, "breach": f"production answered {production.requests} requests in the "
-                            f"window, fewer than the {policy.min_requests} it takes to compare with"}  # fmt: skip
+def read_canary_quietly(home: Path, pointer: str, started_at: str) -> bool:
+    """Whether canary.json is still this rollout's (and not another's, or an abort's)."""
+    try:
+        running = read_canary(home, pointer)
+    except DeploymentError:
+        return True  # damaged: ours to remove
+    return running is not None and running.get("started_at") == started_at
+
+
+class Watch:
+    """One rollout's steps: the state file rewritten every second (the servers' heartbeat),
+    the pointer checked at every poll, each step judged once at the end of its hold."""
+
+    def __init__(
+        self,
+        home: Path,
+        pointer: str,
+        state: dict[str, Any],
+        window: RequestLogWindow,
+        policy: CanaryPolicy,
+        hold_s: float,
+        poll_s: float,
+        first_answer_s: float,
+        clock: Callable[[], float],
+        sleep: Callable[[float], None],
+    ) -> None:
+        self.home, self.pointer, self.state, self.window, self.policy = home, pointer, state, window, policy
+        self.hold_s, self.poll_s, self.first_answer_s, self.clock, self.sleep = (
+            hold_s,
+            poll_s,
+            first_answer_s,
+            clock,
+            sleep,
+        )
+        self.bundle_id, self.baseline_id = state["bundle_id"], state["production"]
+        self.done: list[dict[str, Any]] = []
+        self.last_baseline: WindowFigures | None = None
+        self._beat = -math.inf
+
+    def beat(self, force: bool = False) -> None:
+        """Rewrite canary.json (its updated_at) once a second; GateFailed when someone else
+        changed it (`aieng deploy canary --abort`) or the pointer moved by hand."""
+        now = self.clock()
+        if not force:
+            if not read_canary_quietly(self.home, self.pointer, self.state["started_at"]):
+                raise GateFailed(STEP, "aborted", "the canary was removed while it ran (aieng deploy canary --abort)")
+            sequence = Deployments(self.home, self.pointer).current()["sequence"]
+            if sequence != self.state["pointer_sequence"]:
+                moved = f"sequence {self.state['pointer_sequence']} -> {sequence}"
+                why = f"{self.pointer} changed by hand while the canary ran ({moved}): nothing is promoted"
+                raise GateFailed(STEP, "pointer_moved", why)
+        if force or now - self._beat >= 1.0:
+            self.state["updated_at"] = now_iso()
+            write_canary(self.home, self.pointer, self.state)
+            self._beat = now
+
+    def step(self, number: int, share: float) -> dict[str, Any]:
+        """The step's figures once its hold is over, with `breach` (why) when it failed."""
+        self.state.update(share=share, step=number)
+        self.beat(force=True)
+        started = self.clock()
+        self.window.forget_before(started)
+        while True:
+            self.sleep(self.poll_s)
+            self.beat()
+            self.window.poll()
+            now = self.clock()
+            candidate = self.window.figures(self.bundle_id, started)
+            # The window opens at the candidate's first answer: loading it on the servers
+            # (seconds to minutes) is no time watched.
+            opened = candidate.first_arrival if candidate.first_arrival is not None else now
+            production = self.window.figures(self.baseline_id, opened)
+            candidate = self.window.figures(self.bundle_id, opened)
+            watched = now - opened
+            enough = production.requests >= self.policy.min_requests
+            baseline = production if enough else self.last_baseline
+            figures: dict[str, Any] = {
+                "step": number,
+                "share": share,
+                "seconds_watched": round(watched, 3),
+                "candidate": candidate.as_dict(),
+                "production": production.as_dict(),
+                "compared_with": "this window" if enough else "the previous step's window",
+            }
+            if candidate.requests == 0:
+                if now - started > self.first_answer_s:
+                    return self._ends({**figures, "breach": f"the candidate answered no request in "
+                                       f"{self.first_answer_s:g} s: no server follows the pointer, or every one "
+                                       "refused the bundle (its log says why)"})  # fmt: skip
                 continue
-            why = judge(candidate, baseline, policy)
-            if why is not None:
-                return {**figures, "breach": why}
-            if elapsed >= hold_s:
-                return figures
-        elif elapsed >= 3 * hold_s:
-            return {**figures, "breach": f"the candidate answered {candidate.requests} requests in "
-                    f"{elapsed:.0f} s, fewer than the {policy.min_requests} it takes to judge"}  # fmt: skip
+            if watched < self.hold_s:
+                continue
+            if candidate.requests < self.policy.min_requests or baseline is None:
+                if watched < 3 * self.hold_s:
+                    continue  # a quiet hour: the step holds until it has enough to judge, up to 3 holds
+                short = "the candidate" if candidate.requests < self.policy.min_requests else "production"
+                counted = candidate.requests if short == "the candidate" else production.requests
+                return self._ends({**figures, "breach": f"{short} answered {counted} requests in {watched:.0f} s, "
+                                   f"fewer than the {self.policy.min_requests} it takes to judge"})  # fmt: skip
+            why = judge(candidate, baseline, self.policy)
+            if enough:
+                self.last_baseline = production
+            return self._ends({**figures, "breach": why} if why else figures)
+
+    def _ends(self, figures: dict[str, Any]) -> dict[str, Any]:
+        self.done.append(figures)
+        return figures
 
 
 def rolled_back(
     home: Path, pointer: str, bundle_id: str, figures: dict[str, Any], done: list[dict[str, Any]], logger: Any
 ) -> None:
     """Stop routing to the candidate at once, record why, fail the gate."""
-    clear_canary(home, pointer)
+    clear_canary(home, pointer)  # the servers stop routing to it within a poll
     why = figures["breach"]
     record_event(home, pointer, {"action": "rolled_back", "bundle_id": bundle_id, "reason": why, "steps": done})
     logger.error(f"canary {bundle_id}: rolled back at step {figures['step']} ({figures['share']:.0%}): {why}")

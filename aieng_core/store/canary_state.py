@@ -10,6 +10,7 @@ both the rollout and the servers, so that both read the one format.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 from pathlib import Path
@@ -19,6 +20,9 @@ from aieng_core.store.atomic import atomic_write_bytes
 from aieng_core.store.pointers import PRODUCTION, DeploymentError, deployments_dir
 
 CANARY_FILE = "canary.json"
+# The rollout rewrites the file (its `updated_at`) every second; a server ignores a file older
+# than this: the rollout's process is gone (killed, its host lost) and nothing would ever end it.
+CANARY_STALE_S = 30.0
 
 
 def canary_path(home: Path | str, pointer: str = PRODUCTION) -> Path:
@@ -76,3 +80,17 @@ def write_canary(home: Path | str, pointer: str, state: dict[str, Any]) -> None:
 
 def clear_canary(home: Path | str, pointer: str = PRODUCTION) -> None:
     canary_path(home, pointer).unlink(missing_ok=True)
+
+
+def live_canary(home: Path | str, pointer: str, sequence: int, now: float) -> dict[str, Any] | None:
+    """The canary a server should route to: the rollout's state, if one runs, was started on
+    the pointer as it is now (`pointer_sequence`: a promote or rollback by hand since ends
+    it for the servers at once), and its process beat within CANARY_STALE_S; else None."""
+    state = read_canary(home, pointer)
+    if state is None or state.get("pointer_sequence") != sequence:
+        return None
+    try:
+        beat = dt.datetime.fromisoformat(str(state.get("updated_at"))).timestamp()
+    except ValueError:
+        return None
+    return state if now - beat <= CANARY_STALE_S else None

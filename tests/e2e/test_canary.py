@@ -31,6 +31,9 @@ pytestmark = pytest.mark.e2e
 CLIENTS = 4
 MAX_REQUESTS = 6000  # bounded whatever happens
 CANARY = ["--steps", "5,25,100", "--hold", "3s", "--min-requests", "10"]
+# A candidate as fast as production must not be rolled back by the noise of 10 requests'
+# P99 on a busy 2-core machine: 3x. The slow candidate (3x the tokens) is judged at the default 1.5x.
+TOLERANT = ["--max-p99-ratio", "3"]
 
 
 @dataclass
@@ -94,8 +97,8 @@ def rollouts(serving_bundle_artifact: BundledHome, tmp_path_factory: pytest.Temp
         assert server.stop() == 0, server.log_tail()
 
 
-def canary(home: Path, bundle_id: str) -> subprocess.CompletedProcess[str]:
-    return run_deploy(home, "canary", bundle_id, *CANARY)
+def canary(home: Path, bundle_id: str, *options: str) -> subprocess.CompletedProcess[str]:
+    return run_deploy(home, "canary", bundle_id, *CANARY, *options)
 
 
 def test_a_canary_through_every_step_under_load_is_promoted(rollouts: Rollouts) -> None:
@@ -104,7 +107,7 @@ def test_a_canary_through_every_step_under_load_is_promoted(rollouts: Rollouts) 
     before = production.current()["bundle_id"]
     candidate = rollouts.pair.b.id if before != rollouts.pair.b.id else rollouts.pair.a.id
     with Load(server) as load:
-        result = canary(home, candidate)
+        result = canary(home, candidate, *TOLERANT)
         assert result.returncode == 0, result.stderr[-3000:]
         # The server follows the promote: the candidate's replica, already warm, takes everything.
         poll(lambda: server.get("/health/ready").json.get("bundle_id") == candidate, 30, "the promote to be followed")

@@ -23,7 +23,7 @@ from aieng_core.asset_keys import SERVING_BUNDLE
 from aieng_core.serving.http.deployment_watch import RollbackReadiness, read_rollback_readiness
 from aieng_core.serving.http.state import BUNDLE_ERRORS, ServingState
 from aieng_core.store import ArtifactStore
-from aieng_core.store.canary_state import read_canary
+from aieng_core.store.canary_state import live_canary
 from aieng_core.store.pointers import PRODUCTION, DeploymentError, Pointer
 
 log = logging.getLogger("aieng.serving.http")
@@ -67,7 +67,7 @@ def read_target(home: Path, pointer: str = PRODUCTION) -> PointerTarget:
     path = store.artifact_dir(SERVING_BUNDLE, bundle_id)
     canary = None
     try:
-        running = read_canary(home, pointer)
+        running = live_canary(home, pointer, sequence, time.time())
     except DeploymentError as exc:  # a damaged canary file: no canary (production goes on)
         log.error("ignoring the canary rollout of the %s pointer: %s", pointer, exc)
         running = None
@@ -110,9 +110,18 @@ async def follow_pointer(
 
 
 async def _follow_canary(state: ServingState, canary: CanaryTarget | None, retry_s: float) -> None:
-    """Load the canary's candidate beside what is served, route its share to it, and drop
-    it when the rollout ends (rolled back: the file is gone; promoted: production adopted it)."""
+    """Load the canary's candidate beside what is served (in a task of its own: the pointer is
+    still followed meanwhile), route its share to it, and drop it when the rollout ends
+    (rolled back, aborted, its process gone: no live canary.json; promoted: production
+    adopted it) or its engine died."""
+    state.canary_target = canary
     served = state.current.bundle_id if state.current is not None else None
+    if state.canary is not None and not state.canary.loop.running:
+        dead = state.uninstall_canary()
+        bundle_id = dead.bundle_id if dead is not None else "?"
+        state.canary_refused = (bundle_id, time.monotonic(), "its engine loop stopped after an error")
+        log.error("canary %s: its engine loop stopped; every request goes to %s", bundle_id, served)
+        return
     if canary is None or canary.bundle_id == served:
         if state.canary is not None:
             replica = state.uninstall_canary()
@@ -127,20 +136,31 @@ async def _follow_canary(state: ServingState, canary: CanaryTarget | None, retry
     refused = state.canary_refused
     if refused is not None and refused[0] == canary.bundle_id and time.monotonic() - refused[1] < retry_s:
         return
-    assert state.reload_lock is not None
-    async with state.reload_lock:
-        try:
-            replica = await state.open_replica(canary.path)
-        except Exception as exc:
-            state.canary_refused = (canary.bundle_id, time.monotonic(), str(exc))
-            log.error(
-                "the canary's bundle %s was refused (retried in %g s); every request goes to %s: %s",
-                canary.bundle_id, retry_s, served, exc, exc_info=not isinstance(exc, BUNDLE_ERRORS),
-            )  # fmt: skip
-            return
-    state.install_canary(replica, canary.share)
+    if state.canary_loading is None:
+        state.canary_loading = asyncio.get_running_loop().create_task(_load_canary(state, canary, retry_s))
+
+
+async def _load_canary(state: ServingState, canary: CanaryTarget, retry_s: float) -> None:
+    try:
+        replica = await state.open_replica(canary.path)
+    except Exception as exc:
+        state.canary_refused = (canary.bundle_id, time.monotonic(), str(exc))
+        log.error(
+            "the canary's bundle %s was refused (retried in %g s); every request goes to the production bundle: %s",
+            canary.bundle_id, retry_s, exc, exc_info=not isinstance(exc, BUNDLE_ERRORS),
+        )  # fmt: skip
+        return
+    finally:
+        state.canary_loading = None
+    wanted = state.canary_target  # what the pointer's canary is now, after the load
+    if wanted is None or wanted.bundle_id != replica.bundle_id or state.draining:
+        await asyncio.to_thread(replica.stop, 10.0)  # the rollout ended while it loaded
+        log.info("canary %s loaded after its rollout ended: stopped", replica.bundle_id)
+        return
+    state.install_canary(replica, wanted.share)
+    served = state.current.bundle_id if state.current is not None else None
     log.info(
-        "canary %s loaded beside %s: %.0f%% of the requests", replica.bundle_id, served, 100 * canary.share,
+        "canary %s loaded beside %s: %.0f%% of the requests", replica.bundle_id, served, 100 * wanted.share,
         extra={"bundle_id": replica.bundle_id},
     )  # fmt: skip
 
@@ -157,7 +177,7 @@ async def _switch(state: ServingState, target: PointerTarget, retry_s: float) ->
     if target.bundle_id is not None and target.bundle_id == old_id:
         state.refused_at, state.refusal = None, None
         return  # rolled back to the bundle still served (after a refused one): nothing to load
-    if state.canary is not None and target.bundle_id == state.canary.bundle_id:
+    if state.canary is not None and target.bundle_id == state.canary.bundle_id and state.canary.loop.running:
         state.refused_at, state.refusal = None, None
         state.adopt_canary()  # the canary was promoted: its replica, loaded and warm, serves everything
         log.info("following the %s pointer: the canary %s now serves every request (was %s)",

@@ -87,6 +87,8 @@ class ServingState:
         self.canary: Replica | None = None
         self.canary_share = 0.0
         self.canary_refused: tuple[str, float, str] | None = None  # (bundle id, when, why)
+        self.canary_target: Any = None  # following.CanaryTarget the pointer names now, or None
+        self.canary_loading: asyncio.Task[None] | None = None  # the candidate being loaded
         self.draining = False
         self.in_flight = 0
         self.reload_lock: asyncio.Lock | None = None  # made in the server's event loop
@@ -303,6 +305,9 @@ class ServingState:
             log.info("stopped the engine of retired bundle %s", replica.bundle_id)
 
     async def shutdown(self) -> None:
+        if self.canary_loading is not None:
+            self.canary_loading.cancel()
+            await asyncio.gather(self.canary_loading, return_exceptions=True)
         if self.request_log is not None:
             self.request_log.close()
         for replica in list(self._replicas):

@@ -14,6 +14,7 @@ import pytest
 
 from aieng_core.deploy.canary import (
     CanaryPolicy,
+    RequestLogWindow,
     WindowFigures,
     judge,
     parse_duration,
@@ -24,7 +25,15 @@ from aieng_core.deploy.canary import (
 )
 from aieng_core.gate.canary import canary_rollout
 from aieng_core.gate.report import GateFailed
-from aieng_core.store.canary_state import canary_path, read_canary, routes_to_canary, write_canary
+from aieng_core.store.canary_state import (
+    CANARY_STALE_S,
+    canary_path,
+    clear_canary,
+    live_canary,
+    read_canary,
+    routes_to_canary,
+    write_canary,
+)
 from aieng_core.store.pointers import DeploymentError, Pointer
 
 
@@ -75,15 +84,48 @@ def test_window_figures_count_each_bundles_generation_requests_since_the_window_
     log = tmp_path / "requests.jsonl"
     lines = [_line(100.0, "cand", 1.0)]  # before the window
     lines += [_line(200.0 + n, "cand", float(n), status=500 if n < 2 else 200) for n in range(10)]
+    lines += [_line(203.5, "cand", 0.5, status=429), _line(204.5, "cand", 0.5, status=400)]
     lines += [_line(200.5, "prod", 3.0), _line(201.0, "prod", 5.0), _line(201.0, "other", 9.0)]
-    lines += [_line(202.0, "prod", 999.0, path="/health/ready"), "{torn"]
+    lines += [_line(202.0, "prod", 999.0, path="/health/ready"), "{torn\n"]
     log.write_text("".join(lines))
     window = read_window(log, 150.0, ["cand", "prod"])
-    assert window["cand"] == WindowFigures(10, 2, pytest.approx(float(np.percentile(range(10), 99))))
-    assert window["cand"].error_rate == 0.2
-    assert window["prod"] == WindowFigures(2, 0, pytest.approx(float(np.percentile([3.0, 5.0], 99))))
+    # Errors: the 5xx and the 429; the 400 is a client error; P99 of the 2xx answers only.
+    p99 = pytest.approx(float(np.percentile(range(2, 10), 99)))
+    assert window["cand"] == WindowFigures(12, 3, p99, client_errors=1, first_arrival=200.0)
+    assert (window["cand"].error_rate, window["cand"].client_error_rate) == (0.25, 1 / 12)
+    assert window["prod"] == WindowFigures(2, 0, pytest.approx(float(np.percentile([3.0, 5.0], 99))), 0, 200.5)
     assert read_window(log, 150.0, ["none"])["none"] == WindowFigures(0, 0, None)
-    assert read_window(log, 150.0, ["cand"], offset=len(lines[0]) + len(lines[1]))["cand"].requests == 9
+
+
+def test_the_window_reads_only_what_was_appended_and_follows_a_rotation(tmp_path: Path) -> None:
+    log = tmp_path / "requests.jsonl"
+    log.write_text(_line(10.0, "cand", 1.0))  # before the rollout: not its traffic
+    window = RequestLogWindow(log, ["cand"])
+    with log.open("a") as out:
+        out.write(_line(20.0, "cand", 2.0) + _line(21.0, "cand", 3.0)[:20])  # the last line half written
+    window.poll()
+    assert window.figures("cand", 0.0).requests == 1
+    with log.open("a") as out:
+        out.write(_line(21.0, "cand", 3.0)[20:])
+    window.poll()
+    assert window.figures("cand", 0.0).requests == 2
+    log.rename(tmp_path / "requests.jsonl.1")  # logrotate: a new file at the path
+    log.write_text(_line(30.0, "cand", 4.0))
+    window.poll()
+    assert window.figures("cand", 0.0).requests == 3
+    window.forget_before(25.0)
+    assert window.figures("cand", 0.0).requests == 1
+
+
+def test_servers_route_only_a_live_canary_of_the_pointer_as_it_is(tmp_path: Path) -> None:
+    now = dt.datetime.now(dt.UTC)
+    state = {"bundle_id": "b", "share": 0.25, "pointer_sequence": 3, "updated_at": now.isoformat()}
+    write_canary(tmp_path, "production", state)
+    assert live_canary(tmp_path, "production", 3, now.timestamp()) == state
+    assert live_canary(tmp_path, "production", 4, now.timestamp()) is None  # promoted or rolled back by hand since
+    assert live_canary(tmp_path, "production", 3, now.timestamp() + CANARY_STALE_S + 1) is None  # its process is gone
+    clear_canary(tmp_path)
+    assert live_canary(tmp_path, "production", 3, now.timestamp()) is None
 
 
 @pytest.mark.parametrize("values", [[3.0], [1.0, 2.0], [5.0, 1.0, 4.0], [0.1 * i * i for i in range(37)]])
@@ -93,11 +135,22 @@ def test_percentile_matches_numpy(values: list[float]) -> None:
 
 def test_judge() -> None:
     policy = CanaryPolicy(min_requests=1, max_error_rate_increase=0.01, max_p99_ratio=1.5, p99_slack_ms=5.0)
-    production = WindowFigures(100, 1, 20.0)
+    production = WindowFigures(100, 1, 20.0, client_errors=2)
     assert judge(WindowFigures(50, 0, 34.9), production, policy) is None  # under 1.5 x 20 + 5
     assert "P99 latency 36.0 ms" in (judge(WindowFigures(50, 0, 36.0), production, policy) or "")
     assert "error rate 4.00%" in (judge(WindowFigures(50, 2, 10.0), production, policy) or "")
     assert judge(WindowFigures(100, 2, 10.0), production, policy) is None  # 2% <= 1% + 1%
+    # A bundle that refuses what production answers (a missing chat template: fast 400s).
+    assert "refused 50.00%" in (judge(WindowFigures(50, 0, 1.0, client_errors=25), production, policy) or "")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("min_requests", 0), ("max_error_rate_increase", -0.1), ("max_p99_ratio", 0.5), ("p99_slack_ms", float("nan"))],
+)
+def test_a_policy_that_could_never_judge_is_refused(field: str, value: float) -> None:
+    with pytest.raises(DeploymentError, match=field.replace("_", "-")):
+        CanaryPolicy(**{field: value})
 
 
 # ---- the rollout on a request log written as it polls -------------------------------------------
@@ -152,7 +205,7 @@ def test_a_healthy_candidate_is_promoted_after_every_step(tmp_path: Path) -> Non
     [extra] = promoted
     steps = extra["canary"]["steps"]
     assert [s["share"] for s in steps] == [0.05, 0.25, 1.0]
-    assert all(s["candidate"]["requests"] >= 20 and s["seconds"] >= 30.0 for s in steps)
+    assert all(s["candidate"]["requests"] >= 20 and s["seconds_watched"] >= 30.0 for s in steps)
     assert steps[-1]["production"]["requests"] == 0 and steps[-1]["compared_with"] == "the previous step's window"
     assert sorted(set(traffic.shares)) == [0.05, 0.25, 1.0]
     assert read_canary(home) is None  # removed once promoted
@@ -169,8 +222,8 @@ def test_a_slow_candidate_is_rolled_back_at_the_first_step_naming_why(tmp_path: 
     history = read_history(home)
     assert [e["action"] for e in history] == ["start", "rolled_back"]
     assert "P99 latency" in history[-1]["reason"] and history[-1]["steps"][0]["share"] == 0.05
-    # Rolled back as soon as the candidate had its 20 requests, not after the hold.
-    assert history[-1]["steps"][0]["seconds"] < 30.0
+    # Judged once, at the end of the hold (every poll's look would add false rollbacks).
+    assert history[-1]["steps"][0]["seconds_watched"] >= 30.0
 
 
 def test_a_candidate_that_errors_is_rolled_back(tmp_path: Path) -> None:
@@ -189,18 +242,38 @@ def test_a_candidate_no_server_answers_for_is_rolled_back(tmp_path: Path) -> Non
     assert read_canary(home) is None
 
 
-def test_an_interrupted_rollout_removes_the_canary_and_says_so(tmp_path: Path) -> None:
+def _interrupt(home: Path) -> None:
+    raise KeyboardInterrupt
+
+
+def _roll_back_by_hand(home: Path) -> None:
+    current = Pointer(home, "production").current_path
+    current.write_text(current.read_text().replace('"sequence": 1', '"sequence": 2'))
+
+
+@pytest.mark.parametrize(
+    ("happens", "raised", "says"),
+    [
+        (_interrupt, KeyboardInterrupt, None),  # Ctrl-C, or SIGTERM (the command turns it into one)
+        (_roll_back_by_hand, GateFailed, "changed by hand"),  # a promote or rollback by hand
+        (clear_canary, GateFailed, "removed while it ran"),  # what `aieng deploy canary --abort` does
+    ],
+    ids=["interrupted", "pointer-moved-by-hand", "aborted"],
+)
+def test_a_rollout_ended_from_outside_removes_the_canary_and_says_so(
+    tmp_path: Path, happens: Any, raised: type[BaseException], says: str | None
+) -> None:
     home = _home(tmp_path)
     traffic = Traffic(home, tmp_path / "requests.jsonl", {"cand": 10.0, "prod": 10.0})
     sleep = traffic.sleep
 
-    def interrupted(seconds: float) -> None:
+    def then(seconds: float) -> None:
         sleep(seconds)
-        if traffic.now > 1_000_040.0:
-            raise KeyboardInterrupt
+        if traffic.now > 1_000_010.0:  # during the first step
+            happens(home)
 
-    traffic.sleep = interrupted  # type: ignore[method-assign]
-    with pytest.raises(KeyboardInterrupt):
+    traffic.sleep = then  # type: ignore[method-assign]
+    with pytest.raises(raised, match=says):
         _rollout(home, traffic)(lambda extra: pytest.fail("promoted"))
     assert read_canary(home) is None
     assert read_history(home)[-1]["action"] == "aborted"
