@@ -6,10 +6,17 @@ A reader sees the old state or the whole new one, never half of it, whatever kil
 writer. Never stage in the system temp dir: rename across devices fails.
 
 A writer killed part-way leaves its staging sibling behind (`.<name>.tmp-XXXXXXXX`). Who may
-remove one: its writer holds an exclusive flock on it (on the directory, or on the temporary
-file) from creating it until it is renamed or discarded, and the kernel drops the lock when
-the writer dies, however it dies. `remove_if_abandoned` takes that lock without waiting, so
-it removes only what no live writer owns (`aieng store verify --gc`).
+remove one: its writer holds an exclusive flock from before creating it until it is renamed
+or discarded, and the kernel drops the lock when the writer dies, however it dies.
+`remove_if_abandoned` takes that lock without waiting, so it removes only what no live writer
+owns (`aieng store verify --gc`).
+
+The lock is always on a regular file opened for writing: a temporary file's own descriptor,
+and for a staging directory its lock file beside it (`.<name>.tmp-XXXXXXXX.lock`, created and
+locked before the directory, removed after the rename). Never on a directory descriptor
+opened read-only: on NFS, flock is emulated with POSIX byte-range locks, and an exclusive one
+needs a descriptor open for writing (docs/operations/artifact-store.md says what a shared
+AIENG_HOME needs).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from pathlib import Path
 from aieng_core.faults import crash_point
 
 TEMP_MARKER = ".tmp-"
+LOCK_SUFFIX = ".lock"  # a staging directory's lock file: its name plus this
 
 
 class TargetExists(FileExistsError):
@@ -74,10 +82,17 @@ def atomic_directory(target: Path) -> Iterator[Path]:
     """
     target.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}{TEMP_MARKER}", dir=target.parent))
-        owner = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
-        if _owned(owner, staging):
-            break
+        # The lock file first, locked, then the directory it names: a collector never sees a
+        # staging directory whose writer does not hold its lock.
+        owner, name = tempfile.mkstemp(prefix=f".{target.name}{TEMP_MARKER}", suffix=LOCK_SUFFIX, dir=target.parent)
+        lock = Path(name)
+        if _owned(owner, lock):
+            staging = lock.with_name(lock.name.removesuffix(LOCK_SUFFIX))
+            try:
+                os.mkdir(staging)
+                break
+            except FileExistsError:  # a leftover of the same random name: another name
+                lock.unlink(missing_ok=True)
         os.close(owner)
     try:
         yield staging
@@ -95,7 +110,8 @@ def atomic_directory(target: Path) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     finally:
-        os.close(owner)  # releases the lock (on `target` by now, where nothing looks for it)
+        lock.unlink(missing_ok=True)  # while still held: a collector that opened it finds it gone
+        os.close(owner)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -121,17 +137,23 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 # ---- abandoned staging (what `aieng store verify` lists and `--gc` removes) -------------------
-def _open_entry(path: Path) -> int:
-    """A descriptor on the entry itself, never through a symbolic link."""
-    return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+def lock_of(path: Path) -> Path:
+    """Where the writer's lock of the staging entry `path` is: beside a directory, the file itself."""
+    return path.with_name(path.name + LOCK_SUFFIX) if path.is_dir() and not path.is_symlink() else path
+
+
+def _open_lock(path: Path) -> int:
+    """A descriptor open for writing on the lock file itself, never through a symbolic link
+    (an exclusive lock over NFS needs one); nothing is created."""
+    return os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
 
 
 def owner_alive(path: Path) -> bool:
     """Whether a live writer holds the staging entry `path` (a directory or a temporary file)."""
     try:
-        fd = _open_entry(path)
+        fd = _open_lock(lock_of(path))
     except FileNotFoundError:
-        return False  # gone: its writer finished (renamed it) or discarded it
+        return False  # gone, or a directory whose lock file is gone: no writer holds it
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -142,30 +164,46 @@ def owner_alive(path: Path) -> bool:
 
 
 def remove_if_abandoned(path: Path) -> bool:
-    """Remove the staging entry `path` if no live writer holds it; True when removed.
+    """Remove the staging entry `path` (and a directory's lock file) if no live writer holds
+    it; True when removed.
 
     The writer's lock is held while removing, so a writer cannot adopt the entry meanwhile;
     an entry renamed into place since it was listed is left alone (it is no longer at `path`).
     """
+    lock = lock_of(path)
     try:
-        fd = _open_entry(path)
+        fd = _open_lock(lock)
     except FileNotFoundError:
-        return False
+        if lock == path:
+            return False  # gone: its writer finished (renamed it) or discarded it
+        return _remove_unlocked_directory(path)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return False
         try:
-            info = os.lstat(path)
+            if not os.path.samestat(os.fstat(fd), os.lstat(lock)):
+                return False
         except FileNotFoundError:
             return False
-        if not os.path.samestat(os.fstat(fd), info):
-            return False
-        if stat.S_ISDIR(info.st_mode):
-            shutil.rmtree(path)
-        else:
-            path.unlink()
+        if lock != path:
+            if not _remove_unlocked_directory(path):
+                return False
+        lock.unlink()
         return True
     finally:
         os.close(fd)
+
+
+def _remove_unlocked_directory(path: Path) -> bool:
+    """A staging directory no lock file guards: a writer's lock file is made (and locked)
+    before its directory and removed after the rename, so no live writer owns this one."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(info.st_mode):
+        return False
+    shutil.rmtree(path)
+    return True

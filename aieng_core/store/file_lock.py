@@ -7,6 +7,8 @@
   for writing. The lock file itself stays; it is empty.
 - `held_file`: a shared lock on an existing file (an artifact's manifest.json), saying "in use"
   to `try_exclusive`, which takes the lock without waiting or reports that someone holds it.
+  A shared lock needs a descriptor open for reading, an exclusive one a descriptor open for
+  writing (NFS's emulation of flock with POSIX byte-range locks): every lock here is taken so.
 
 The kernel drops a lock when its holder dies, however it dies, so a killed holder never
 blocks the next one. Locks belong to open file descriptions: two open() calls in one process
@@ -73,8 +75,13 @@ def held_file(path: Path) -> Iterator[None]:
 
 def try_exclusive(path: Path) -> int | None:
     """A descriptor holding an exclusive flock on the existing file `path`, taken without
-    waiting; None when someone holds a lock on it (`held_file`). The caller closes it to let go."""
-    fd = os.open(path, os.O_RDONLY)
+    waiting; None when someone holds a lock on it (`held_file`). The caller closes it to let go.
+    Opened for writing, as an exclusive lock over NFS needs (read-only where the file is, as in
+    a home shared read-only: a local filesystem takes the lock all the same)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except PermissionError:
+        fd = os.open(path, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

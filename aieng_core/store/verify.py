@@ -41,7 +41,7 @@ from aieng_core.store.artifacts import (
     ArtifactStore,
     is_valid_name,
 )
-from aieng_core.store.atomic import is_temporary, owner_alive, remove_if_abandoned
+from aieng_core.store.atomic import LOCK_SUFFIX, is_temporary, owner_alive, remove_if_abandoned
 from aieng_core.store.gc import GC_PREFIX
 from aieng_core.store.pins import PINS_DIR
 from aieng_core.store.pointers import DEPLOYMENTS_DIR, DeploymentStateError, Pointer, pointer_names
@@ -251,7 +251,13 @@ def find_staging(home: Path) -> list[Path]:
     for top in STATE_DIRS:
         for directory, dirnames, filenames in os.walk(home / top):
             here = Path(directory)
-            found += [here / name for name in filenames if is_temporary(name)]
+            # A staging directory's lock file is listed with its directory, not apart.
+            found += [
+                here / name
+                for name in filenames
+                if is_temporary(name)
+                and not (name.endswith(LOCK_SUFFIX) and name.removesuffix(LOCK_SUFFIX) in dirnames)
+            ]
             for name in list(dirnames):
                 if is_temporary(name):
                     found.append(here / name)

@@ -120,7 +120,7 @@ def held_writer(home: Path, tmp_path: Path) -> Iterator[HeldWriter]:
 
 def staging_dirs(home: Path) -> list[Path]:
     folder = home / "artifacts" / KIND
-    return sorted(p for p in folder.iterdir() if ".tmp-" in p.name)
+    return sorted(p for p in folder.iterdir() if ".tmp-" in p.name and p.is_dir())
 
 
 # ---- a clean store ------------------------------------------------------------------------------
@@ -257,6 +257,7 @@ def test_a_dead_writers_staging_is_stale_and_gc_removes_it(store: ArtifactStore,
     assert collected["removed"] == [str(staging)] and collected["stale_staging"] == 0
     assert not staging.exists()
     assert verify_store(home)["staging"] == []
+    assert list((home / "artifacts" / KIND).iterdir()) == []  # its lock file went with it
 
 
 def test_a_temporary_ref_file_of_a_dead_writer_is_collected(home: Path) -> None:
@@ -288,16 +289,19 @@ def test_gc_keeps_the_staging_of_a_live_writer(home: Path, held_writer: HeldWrit
 
 
 def test_gc_keeps_an_entry_whose_lock_another_process_holds(home: Path, tmp_path: Path) -> None:
-    """Ownership is the flock, whoever holds it: a process holding it keeps the entry alive."""
+    """Ownership is the flock on the staging directory's lock file, whoever holds it: a process
+    holding it keeps the entry alive."""
     staging = home / "artifacts" / KIND / ".abc.tmp-held"
     staging.mkdir(parents=True)
+    lock = staging.with_name(staging.name + ".lock")
+    lock.touch()
     holder = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); "
+            "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); "
             "print('locked', flush=True); sys.stdin.read()",
-            str(staging),
+            str(lock),
         ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -311,7 +315,7 @@ def test_gc_keeps_an_entry_whose_lock_another_process_holds(home: Path, tmp_path
         holder.kill()
         holder.wait()
     assert owner_alive(staging) is False
-    assert remove_if_abandoned(staging) is True and not staging.exists()
+    assert remove_if_abandoned(staging) is True and not staging.exists() and not lock.exists()
 
 
 def test_a_writer_holds_its_temporary_file_until_the_replace(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -115,6 +115,7 @@ def test_a_canary_through_every_step_under_load_is_promoted(rollouts: Rollouts) 
         poll(lambda: len(load.answers) >= after + 20, 60, "requests after the promote")
     assert load.failed() == []
     counts = load.by_bundle()
+    print(f"canary promoted: {len(load.answers)} requests, 0 failed, by bundle {dict(counts)}")
     assert set(counts) == {before, candidate} and counts[before] > 0 and counts[candidate] > 0
     report = json.loads(result.stdout)
     steps = report["event"]["figures"]["canary"]["steps"]
@@ -147,6 +148,7 @@ def test_a_candidate_breaching_its_latency_slo_is_rolled_back_by_itself(rollouts
     assert (failed["passed"], failed["failure"]["step"], failed["event"]) == (False, "canary", None)
     assert load.failed() == []
     counts = load.by_bundle()
+    print(f"canary rolled back: {len(load.answers)} requests, 0 failed, by bundle {dict(counts)}; {result.stderr}")
     assert counts[slow.id] > 0 and counts[before["bundle_id"]] > 0
     assert all(bundle == before["bundle_id"] for _, bundle in tail)
     assert production.current()["sequence"] == before["sequence"] and read_canary(home) is None

@@ -90,7 +90,8 @@ CHAIN = [
     KillPoint("artifact.published:raw_documents", "raw_documents", "renamed into place, ref not written", 0, True),
     KillPoint("atomic_file.synced@3", "clean_documents", "2026-01-01 published; ref temp fsynced, not renamed", 1),
     KillPoint("clean_documents.batch_written", "clean_documents", "2026-01-02 Parquet half written", 1),
-    KillPoint("atomic_dir.renamed", "clean_documents", "renamed, parent not fsynced, ref not written", 0, True),
+    # Renamed, its lock file not yet removed: the one staging entry left (a lock file, collected by --gc).
+    KillPoint("atomic_dir.renamed", "clean_documents", "renamed, parent not fsynced, ref not written", 1, True),
     KillPoint("artifact.staged:bpe_tokenizer", "bpe_tokenizer", "tokenizer files staged, before the rename", 1),
     KillPoint("artifact.published:bpe_tokenizer", "bpe_tokenizer", "renamed into place, ref not written", 0, True),
     KillPoint("tokenized_documents.batch_written", "tokenized_documents", "token Parquet half written", 1),
@@ -300,7 +301,7 @@ def test_killed_at_every_point_then_rerun_equals_an_uninterrupted_run(
     # Every kill's leftovers at once: listed as stale by the CLI, collected by --gc, then clean.
     before_gc = cli_verify(chain)
     stale = [entry["path"] for entry in before_gc["staging"]]
-    assert len(stale) == before_gc["stale_staging"] == sum(k.staging for k in CHAIN + PROMOTE_CHAIN) - 1 == 13, stale
+    assert len(stale) == before_gc["stale_staging"] == sum(k.staging for k in CHAIN + PROMOTE_CHAIN) - 1 == 14, stale
     collected = cli_verify(chain, "--gc")
     assert collected["removed"] == stale and collected["stale_staging"] == 0
     clean = cli_verify(chain)
