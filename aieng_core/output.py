@@ -1,11 +1,12 @@
 """How every `aieng` command prints its result: with --json, one JSON document on stdout;
-otherwise the human rendering."""
+otherwise the human rendering. A benchmark also writes its results to `--out FILE`."""
 
 from __future__ import annotations
 
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -15,3 +16,11 @@ def emit(value: Any, as_json: bool, human: Callable[[Any], str]) -> None:
         sys.stdout.write("\n")
     else:
         print(human(value))
+
+
+def write_results(out: str | None, results: Any) -> None:
+    """The benchmarks' `--out FILE`: the results as one JSON document (nothing without `out`)."""
+    if out:
+        path = Path(out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n", encoding="utf-8")

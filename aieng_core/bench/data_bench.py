@@ -21,7 +21,6 @@ The config comes from `--config`, else $AIENG_CONFIG, else configs/pipeline.yaml
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import platform
 import shutil
@@ -42,6 +41,7 @@ from aieng_core.config import load_config, resolve_config_path
 from aieng_core.data.clean_documents import build_clean_documents
 from aieng_core.data.demo_data import land_demo_data
 from aieng_core.data.raw_documents import build_raw_documents
+from aieng_core.output import write_results
 from aieng_core.store import ArtifactStore
 from aieng_core.tokenizer.bpe_tokenizer import build_bpe_tokenizer
 
@@ -146,9 +146,7 @@ def run_data_bench(
             "large_vs_small_time_ratio": results["memory"]["time_ratio"],
         }
     )
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    write_results(out, results)
     return results
 
 

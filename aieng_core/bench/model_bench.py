@@ -38,6 +38,7 @@ from aieng_core.hashing import sha256_file
 from aieng_core.model.hf_files import CONFIG_FILE, MODEL_FILE, load_model, save_model_dir
 from aieng_core.model.llama import LlamaConfig, LlamaForCausalLM
 from aieng_core.model.weights import load_into, unique_state_dict
+from aieng_core.output import write_results
 from aieng_core.store import Artifact
 
 TRAINING_GOAL = 1.2  # ours / transformers, median tokens/s
@@ -205,9 +206,7 @@ def run_model_bench(
             }
         },
     }
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    write_results(out, results)
     return results
 
 

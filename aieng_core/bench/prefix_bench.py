@@ -41,6 +41,7 @@ from aieng_core.bench.serving_plan import FULL, QUICK, prepare, prompts_of_lengt
 from aieng_core.bench.serving_report import spread_tree
 from aieng_core.bench.serving_rounds import run_rounds, run_worker
 from aieng_core.config import load_config, resolve_config_path
+from aieng_core.output import write_results
 
 SYSTEM_TOKENS = 128
 USER_TOKENS = (16, 24, 32, 40)
@@ -117,9 +118,7 @@ def run_prefix_bench(
         "same_tokens_with_and_without": same,
         "rounds": records,
     }
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    write_results(out, results)
     return results
 
 

@@ -49,6 +49,7 @@ from aieng_core.bench.serving_plan import FULL, PEERS, QUICK, SEED, prepare
 from aieng_core.bench.serving_report import GOALS, build_report
 from aieng_core.bench.serving_rounds import run_rounds, run_worker
 from aieng_core.config import load_config, resolve_config_path
+from aieng_core.output import write_results
 
 __all__ = ["GOALS", "format_serving_results", "main", "run_serving_bench"]
 
@@ -126,9 +127,7 @@ def run_serving_bench(
         "profile": profile,
         "rounds": round_records,
     }
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    write_results(out, results)
     return results
 
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aieng_core.deploy.dagster_events import tell_dagster
 from aieng_core.deploy.deployments import Deployments
@@ -23,6 +24,9 @@ from aieng_core.deploy.withdrawn import ALLOW_FLAG
 from aieng_core.home import resolve_home
 from aieng_core.output import emit
 from aieng_core.store.pointers import PRODUCTION
+
+if TYPE_CHECKING:  # the gate imports the engine: loaded only by the commands that run it
+    from aieng_core.gate.report import GateReport
 
 HISTORY_SHOWN = 10
 
@@ -222,13 +226,25 @@ def cmd_deploy_gate(args: argparse.Namespace) -> int:
     from aieng_core.asset_keys import SERVING_BUNDLE as BUNDLE_KIND
     from aieng_core.config import load_config
     from aieng_core.gate.production_deployment import run_gate
-    from aieng_core.gate.report import GateFailed
     from aieng_core.store import ArtifactStore
 
     home = resolve_home(args.home)
-    try:
+
+    def gate() -> GateReport:
         bundle_id = args.bundle_id or ArtifactStore(home).require_current(BUNDLE_KIND).id
-        report = run_gate(home, load_config(args.config), bundle_id, allow_withdrawn=args.allow_withdrawn).as_dict()
+        return run_gate(home, load_config(args.config), bundle_id, allow_withdrawn=args.allow_withdrawn)
+
+    return _answer_gate(args, gate)
+
+
+def _answer_gate(args: argparse.Namespace, gate: Callable[[], GateReport]) -> int:
+    """Run `gate` (a gate, or a canary through the gate) and answer as `aieng deploy gate`
+    does: its report, and Dagster told of the promote; a failure's report (with --json) and
+    one line on stderr, exit 1; a refusal before any step, one line, exit 1."""
+    from aieng_core.gate.report import GateFailed
+
+    try:
+        report = gate().as_dict()
     except GateFailed as exc:
         if exc.report is None:
             return _refused(exc)
@@ -250,8 +266,7 @@ def cmd_deploy_canary(args: argparse.Namespace) -> int:
     from aieng_core.deploy.deployments import default_actor
     from aieng_core.gate.canary import canary_rollout, refuse_canary
     from aieng_core.gate.production_deployment import run_gate
-    from aieng_core.gate.report import GateFailed
-    from aieng_core.store.request_log import LOGS_DIR, REQUEST_LOG_FILE
+    from aieng_core.store.request_log import default_request_log
 
     home = resolve_home(args.home)
     if args.abort:
@@ -260,7 +275,8 @@ def cmd_deploy_canary(args: argparse.Namespace) -> int:
         return _refused(ValueError("aieng deploy canary: BUNDLE_ID is required (or --abort)"))
     # SIGTERM (a stopped job, a lost shell) ends the rollout as Ctrl-C does: canary.json removed, "aborted" recorded.
     signal.signal(signal.SIGTERM, _interrupted)
-    try:
+
+    def canary() -> GateReport:
         steps, hold = parse_steps(args.steps), parse_duration(args.hold)
         policy = CanaryPolicy(
             min_requests=args.min_requests,
@@ -269,24 +285,15 @@ def cmd_deploy_canary(args: argparse.Namespace) -> int:
             p99_slack_ms=args.p99_slack_ms,
         )
         refuse_canary(home, PRODUCTION, steps)
-        log_path = Path(args.request_log) if args.request_log else home / LOGS_DIR / REQUEST_LOG_FILE
+        log_path = Path(args.request_log) if args.request_log else default_request_log(home)
         actor = default_actor()
         rollout = canary_rollout(home, PRODUCTION, args.bundle_id, steps, hold, log_path, actor, policy)
         config = load_config(args.config)
-        report = run_gate(home, config, args.bundle_id, actor=actor, allow_withdrawn=args.allow_withdrawn,
-                          rollout=rollout).as_dict()  # fmt: skip
-    except GateFailed as exc:
-        if exc.report is None:
-            return _refused(exc)
-        if args.json:
-            emit(exc.report.as_dict(), True, _format_gate)
-        print(f"aieng: error: {exc} (report: {exc.report.path}); production unchanged", file=sys.stderr)
-        return 1
-    except (ValueError, OSError, LookupError) as exc:
-        return _refused(exc)
-    emit(report, args.json, _format_gate)
-    tell_dagster(report["event"], PRODUCTION)
-    return 0
+        return run_gate(
+            home, config, args.bundle_id, actor=actor, allow_withdrawn=args.allow_withdrawn, rollout=rollout
+        )
+
+    return _answer_gate(args, canary)
 
 
 def _interrupted(signum: int, frame: Any) -> None:
