@@ -317,14 +317,20 @@ def test_promtool_unit_tests_of_every_alert(tmp_path: Path) -> None:
 
 
 @contextmanager
-def running_prometheus(folder: Path, target_port: int) -> Iterator[int]:
-    """Prometheus scraping 127.0.0.1:target_port every second with configs/alerts.yml loaded;
-    yields its port once /-/ready answers 200, and kills its process group on the way out."""
+def running_prometheus(
+    folder: Path, target_port: int, rule_file: Path = ALERTS_FILE, target_labels: dict[str, str] | None = None
+) -> Iterator[int]:
+    """Prometheus scraping 127.0.0.1:target_port every second (the target labelled with
+    `target_labels`) with `rule_file` loaded (configs/alerts.yml unless told); yields its port
+    once /-/ready answers 200, and kills its process group on the way out."""
     binary = system_binary("prometheus")
+    targets: dict[str, Any] = {"targets": [f"127.0.0.1:{target_port}"]}
+    if target_labels:
+        targets["labels"] = target_labels
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(ALERTS_FILE)],
-        "scrape_configs": [{"job_name": JOB, "static_configs": [{"targets": [f"127.0.0.1:{target_port}"]}]}],
+        "rule_files": [str(rule_file)],
+        "scrape_configs": [{"job_name": JOB, "static_configs": [targets]}],
     }
     config_path = folder / "prometheus.yml"
     config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
