@@ -145,6 +145,17 @@ class ServingConfig(Section):
         strict=False,
         description="After SIGTERM: how long in-flight requests may take to finish before the server exits.",
     )
+    shutdown_delay_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=300,
+        strict=False,
+        description=(
+            "After SIGTERM: readiness turns 503 at once, but new requests are still served for this long, "
+            "so a load balancer takes the replica out of rotation before it refuses any; then the drain "
+            "(drain_timeout_s) begins. Set it above the balancer's time to mark a replica down."
+        ),
+    )
     prefix_cache_tokens: int = Field(
         default=4096,
         ge=0,

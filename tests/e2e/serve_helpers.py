@@ -145,6 +145,19 @@ def raw_request(port: int, path: str, body: dict[str, Any]) -> socket.socket:
     return sock
 
 
+def home_with_both_bundles(second_bundle: Any, home: Path, promote: str | None = None) -> Path:
+    """A copy at `home` of the store holding the session's bundle and `second_bundle` (the
+    conftest fixture), with `promote` (a bundle id) promoted to production when given."""
+    import shutil
+
+    from aieng_core.deploy.deployments import Deployments
+
+    shutil.copytree(second_bundle.path.parents[2], home)
+    if promote is not None:
+        Deployments(home).promote(promote, reason="before the test")
+    return home
+
+
 def write_config(folder: Path, **serving: Any) -> Path:
     config = yaml.safe_load(TINY_CONFIG.read_text(encoding="utf-8"))
     config["serving"].update(serving)
@@ -160,19 +173,21 @@ def start_server(
     home: Path | None = None,
     wait_for: str = "/health/ready",
     environment: dict[str, str] | None = None,
+    port: int | None = None,
     **serving: Any,
 ) -> Server:
     """`aieng serve --bundle PATH`, or with bundle_path None `aieng serve --deployment current`
     following the production pointer under `home`; `environment` is added to the server's
     (which never inherits the caller's AIENG_* or OTEL_* variables: no test server exports
-    traces to a collector the developer's shell names)."""
+    traces to a collector the developer's shell names). `port` None: a free one (a replica
+    restarted behind a load balancer is given its old one)."""
     folder.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIENG_", "OTEL_"))}
     env.update(AIENG_HOME=str(home or folder / "home"), AIENG_CONFIG=str(write_config(folder, **serving)))
     env.update(environment or {})
     if admin_token is not None:
         env["AIENG_ADMIN_TOKEN"] = admin_token
-    port = free_port()
+    port = free_port() if port is None else port
     log_path = folder / "server.log"
     serving_what = ["--bundle", str(bundle_path)] if bundle_path is not None else ["--deployment", "current"]
     with open(log_path, "wb") as log_file:

@@ -40,7 +40,7 @@ from aieng_core.loadgen.server_process import ServerProcess, free_port
 from aieng_core.store.pointers import PRODUCTION
 from aieng_core.store.rollback_check import write_check
 from tests.conftest import TINY_CONFIG
-from tests.e2e.serve_helpers import flip_one_byte, poll
+from tests.e2e.serve_helpers import flip_one_byte, home_with_both_bundles, poll
 
 pytestmark = pytest.mark.e2e
 
@@ -505,8 +505,7 @@ def test_prometheus_reads_the_deployment_mismatch_and_the_rollback_readiness(
     ready, and Prometheus reads the mismatch naming both bundles, with its alert pending. The
     rollback readiness check's result file is read on the server's poll and reaches Prometheus."""
     first_id, second_id = serving_bundle_artifact.bundle.id, second_bundle.id
-    home = tmp_path / "home"
-    shutil.copytree(second_bundle.path.parents[2], home)  # the store holding both bundles
+    home = home_with_both_bundles(second_bundle, tmp_path / "home")
     deployments = Deployments(home)
     deployments.promote(first_id, reason="first")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIENG_")}

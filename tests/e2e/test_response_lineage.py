@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import time
@@ -28,7 +27,7 @@ from aieng_core.hashing import sha256_file
 from aieng_core.store import ArtifactStore
 from aieng_core.store.request_log import default_request_log
 from tests.conftest import TINY_CONFIG
-from tests.e2e.serve_helpers import AIENG, REPO_ROOT, Reply, Server, deploy, poll, start_server
+from tests.e2e.serve_helpers import AIENG, REPO_ROOT, Reply, Server, deploy, home_with_both_bundles, poll, start_server
 
 pytestmark = pytest.mark.e2e
 
@@ -49,8 +48,7 @@ class Following:
 @pytest.fixture(scope="module")
 def following(tmp_path_factory: pytest.TempPathFactory, serving_bundle_artifact, second_bundle) -> Iterator[Following]:
     folder = tmp_path_factory.mktemp("response-lineage")
-    home = folder / "home"
-    shutil.copytree(second_bundle.path.parents[2], home)  # the store holding both bundles
+    home = home_with_both_bundles(second_bundle, folder / "home")
     store = ArtifactStore(home)
     # The data version as an operator finds it: the current dataset_manifest's content hash.
     data_version = store.require_current(asset_keys.DATASET_MANIFEST).content_sha256

@@ -44,6 +44,7 @@ from tests.e2e.serve_helpers import (
     flip_one_byte,
     free_port,
     greedy_answers,
+    home_with_both_bundles,
     long_predict,
     poll,
     raw_request,
@@ -431,6 +432,40 @@ def test_sigterm_drains_in_flight_requests_then_exits_0(tmp_path: Path, bundle_p
         server.stop()
 
 
+def test_sigterm_with_a_shutdown_delay_serves_until_it_passes_then_refuses(
+    tmp_path: Path, bundle_path: Path, data_version: str
+) -> None:
+    """serving.shutdown_delay_s: readiness is 503 from the SIGTERM on (a load balancer stops
+    routing there), new requests are still answered until the delay has passed, refused as
+    draining after it, and the server does not exit before it."""
+    delay_s = 5.0
+    server = start_server(tmp_path, bundle_path, shutdown_delay_s=delay_s, **BIG_QUEUE)
+    try:
+        sigterm_at = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        readiness = poll(lambda: (r := server.get("/health/ready")).status == 503 and r, 10, "readiness 503")
+        assert readiness.error["code"] == "draining" and names_bundle(readiness, bundle_path.name, data_version)
+        assert server.metric("aieng_ready") == 0
+        served = server.post("/generate", {"prompt": "still served", "max_new_tokens": 2})
+        served_at = time.monotonic()
+        assert served_at - sigterm_at < delay_s, "the machine was too slow to send a request inside the delay"
+        assert served.status == 200, served.body
+        refused = poll(
+            lambda: (r := server.post("/generate", {"prompt": "too late", "max_new_tokens": 2})).status != 200 and r,
+            delay_s + 10,
+            "a request refused after the delay",
+        )
+        assert time.monotonic() - sigterm_at >= delay_s
+        assert refused.status == 503 and refused.error["code"] == "draining", refused.body
+        assert server.proc.wait(STOP_TIMEOUT_S) == 0
+        assert time.monotonic() - sigterm_at >= delay_s
+        messages = [line["message"] for line in server.log_lines()]
+        assert any("new requests are served 5 s more (serving.shutdown_delay_s)" in m for m in messages), messages
+        assert "drained: no request in flight; shutting down" in messages
+    finally:
+        server.stop()
+
+
 def test_admin_reload(tmp_path: Path, bundle_path: Path, serving_bundle_artifact, second_bundle) -> None:
     first_id = serving_bundle_artifact.bundle.id
     server = start_server(tmp_path / "server", bundle_path, admin_token=ADMIN_TOKEN, **BIG_QUEUE)
@@ -535,8 +570,7 @@ def test_serve_deployment_current_follows_promote_and_rollback_without_failing_a
     tmp_path: Path, serving_bundle_artifact, second_bundle
 ) -> None:
     first_id, second_id = serving_bundle_artifact.bundle.id, second_bundle.id
-    home = tmp_path / "home"
-    shutil.copytree(second_bundle.path.parents[2], home)  # the store holding both bundles
+    home = home_with_both_bundles(second_bundle, tmp_path / "home")
     server = start_server(
         tmp_path / "server", None, admin_token=ADMIN_TOKEN, home=home, wait_for="/health/live", **BIG_QUEUE
     )

@@ -14,7 +14,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import shutil
 import signal
 import socket
 import threading
@@ -30,7 +29,7 @@ import pytest
 from aieng_core.loadgen.http_client import request
 from aieng_core.loadgen.http_load import COMPLETIONS, GENERATE, LoadRequest, closed_loop
 from aieng_core.loadgen.stats import RequestRecord, percentile
-from tests.e2e.serve_helpers import STOP_TIMEOUT_S, Server, deploy, poll, serving, start_server
+from tests.e2e.serve_helpers import STOP_TIMEOUT_S, Server, deploy, home_with_both_bundles, poll, serving, start_server
 
 pytestmark = pytest.mark.e2e
 
@@ -458,12 +457,8 @@ def completion_model(port: int, n: int) -> str:
 def test_promote_and_rollback_under_load_fail_no_request(
     tmp_path: Path, serving_bundle_artifact: Any, second_bundle: Any
 ) -> None:
-    from aieng_core.deploy.deployments import Deployments
-
     first_id, second_id = serving_bundle_artifact.bundle.id, second_bundle.id
-    home = tmp_path / "home"
-    shutil.copytree(second_bundle.path.parents[2], home)  # the store holding both bundles
-    Deployments(home).promote(first_id, reason="before the load")
+    home = home_with_both_bundles(second_bundle, tmp_path / "home", promote=first_id)
     server = start_server(tmp_path / "server", None, home=home, max_waiting=MAX_WAITING)
     stop = threading.Event()
     served: list[str] = []

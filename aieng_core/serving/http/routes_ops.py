@@ -31,7 +31,7 @@ async def live() -> Any:
 
 @router.get("/health/ready", responses={200: {"model": ReadyStatus}, **error_responses(503)})
 async def ready(state: ServingState = Depends(serving_state)) -> Any:
-    refusal = state.unavailable()  # the very answer a generation request gets now
+    refusal = state.not_ready()  # the very answer a generation request gets now (or soon: shutdown_delay_s)
     if refusal is not None:
         raise refusal
     assert state.current is not None

@@ -1,10 +1,11 @@
 """`aieng serve`: the HTTP app under uvicorn, with a graceful drain on SIGTERM.
 
 uvicorn's own handling of SIGTERM stops at once (and re-raises the signal after shutdown,
-so the process dies by it). Ours: the first SIGTERM or SIGINT turns readiness to 503 and
-refuses new generation requests; the server keeps running until the requests in flight have
-finished or drain_timeout_s has passed, then shuts down and exits 0. A second signal stops
-waiting.
+so the process dies by it). Ours: the first SIGTERM or SIGINT turns readiness to 503; new
+generation requests are still served for serving.shutdown_delay_s (default 0), the time a
+load balancer needs to see the replica unready and stop sending it traffic, and refused
+after it; the server keeps running until the requests in flight have finished or
+drain_timeout_s more has passed, then shuts down and exits 0. A second signal stops waiting.
 """
 
 from __future__ import annotations
@@ -33,22 +34,25 @@ SHUTDOWN_GRACE_S = 5
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, state: Any, drain_timeout_s: float) -> None:
+    def __init__(
+        self, config: uvicorn.Config, state: Any, drain_timeout_s: float, shutdown_delay_s: float = 0.0
+    ) -> None:
         super().__init__(config)
         self.state = state  # state.ServingState
         self.drain_timeout_s = drain_timeout_s
+        self.shutdown_delay_s = shutdown_delay_s
         self.drain_deadline: float | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Not recorded in _captured_signals: uvicorn would re-raise it after shutdown and the
         # process would die by the signal instead of exiting 0.
         if self.drain_deadline is None:
-            self.drain_deadline = time.monotonic() + self.drain_timeout_s
-            self.state.begin_drain()
+            self.drain_deadline = time.monotonic() + self.shutdown_delay_s + self.drain_timeout_s
+            self.state.begin_drain(self.shutdown_delay_s)
             log.info(
                 "%s received: draining for up to %g s",
                 signal.Signals(sig).name,
-                self.drain_timeout_s,
+                self.shutdown_delay_s + self.drain_timeout_s,
                 extra={"in_flight": self.state.in_flight},
             )
         else:
@@ -58,7 +62,8 @@ class DrainingServer(uvicorn.Server):
     async def on_tick(self, counter: int) -> bool:
         if self.state.failed:
             self.should_exit = True
-        elif self.drain_deadline is not None and not self.should_exit:
+        elif self.drain_deadline is not None and not self.should_exit and self.state.refusing:
+            # (during the shutdown delay, new requests still come: nothing to wait for yet)
             if self.state.in_flight == 0:
                 log.info("drained: no request in flight; shutting down")
                 self.should_exit = True
@@ -153,7 +158,7 @@ def run_server(
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         server_header=False,
     )
-    server = DrainingServer(uv_config, state, config.serving.drain_timeout_s)
+    server = DrainingServer(uv_config, state, config.serving.drain_timeout_s, config.serving.shutdown_delay_s)
     server.run()
     if state.failed:
         log.error("exiting: the bundle could not be served: %s", state.error)

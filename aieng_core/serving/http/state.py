@@ -3,13 +3,16 @@ many requests hold one (leases).
 
 Lifecycle: /health/live answers at once; the bundle is loaded, verified, warmed up and given
 a one-token forward in a background thread (replica.py), and only then does /health/ready
-turn 200. begin_drain() (the server calls it on SIGTERM) turns readiness to 503 and refuses
-new generation requests while those in flight finish. A reload installs the next replica
+turn 200. begin_drain() (the server calls it on SIGTERM) turns readiness to 503 at once and,
+after serving.shutdown_delay_s (the time a load balancer needs to take the replica out of
+rotation), refuses new generation requests while those in flight finish. A reload installs the next replica
 beside the current one: new requests get the new one, in-flight ones finish on the old one,
 whose loop is stopped once the last of them lets go.
 
 Why the server cannot take a request is decided in one place, `unavailable()`: readiness
-answers with it, and so does every generation request refused for it, so the two always agree.
+answers with it, and so does every generation request refused for it, so the two always agree,
+but for the shutdown delay, when readiness already says draining (`not_ready()`) and requests
+are still taken.
 
 Following a pointer, what the pointer names and what is served may differ: while a new
 bundle loads (seconds), and when the server refused the bundle the pointer names (it keeps
@@ -89,7 +92,8 @@ class ServingState:
         self.canary_refused: tuple[str, float, str] | None = None  # (bundle id, when, why)
         self.canary_target: Any = None  # following.CanaryTarget the pointer names now, or None
         self.canary_loading: asyncio.Task[None] | None = None  # the candidate being loaded
-        self.draining = False
+        self.draining = False  # from the first SIGTERM on: readiness 503, the pointer no longer followed
+        self.refusing_from: float | None = None  # time.monotonic() from which new requests get 503
         self.in_flight = 0
         self.reload_lock: asyncio.Lock | None = None  # made in the server's event loop
         self._background: set[asyncio.Task[Any]] = set()
@@ -98,15 +102,31 @@ class ServingState:
     # ---- what the server can do now ----------------------------------------------------------
     @property
     def ready(self) -> bool:
-        return self.unavailable() is None
+        """/health/ready answers 200."""
+        return self.not_ready() is None
 
     @property
     def failed(self) -> bool:
         return self.phase == "failed"
 
+    @property
+    def refusing(self) -> bool:
+        """Draining and past the shutdown delay: new generation requests are refused."""
+        return self.refusing_from is not None and time.monotonic() >= self.refusing_from
+
+    def not_ready(self) -> ApiError | None:
+        """What /health/ready answers (None: 200): why a request would be refused, and from
+        the first SIGTERM on, draining, while the shutdown delay still serves requests."""
+        if self.draining and not self.refusing:
+            return unavailable(
+                "draining: the server is shutting down and takes no new traffic shortly; use another replica",
+                "draining",
+            )
+        return self.unavailable()
+
     def unavailable(self) -> ApiError | None:
         """Why no generation request can be taken now (a 503), or None when one can."""
-        if self.draining:
+        if self.refusing:
             return unavailable("draining: the server is shutting down; retry on another replica", "draining")
         if self.failed:
             return unavailable(f"the bundle could not be loaded: {self.error}", "load_failed")
@@ -180,10 +200,20 @@ class ServingState:
         if self.config_watch is not None:
             self.metrics.set_config(str(self.config_watch.path), self.config_watch.problem() is None)
 
-    def begin_drain(self) -> None:
+    def begin_drain(self, shutdown_delay_s: float = 0.0) -> None:
+        """Readiness 503 now; new requests refused after `shutdown_delay_s`."""
         if not self.draining:
             self.draining = True
-            log.info("draining: readiness is 503, new requests are refused", extra={"in_flight": self.in_flight})
+            self.refusing_from = time.monotonic() + shutdown_delay_s
+            if shutdown_delay_s > 0:
+                log.info(
+                    "draining: readiness is 503; new requests are served %g s more (serving.shutdown_delay_s), "
+                    "then refused",
+                    shutdown_delay_s,
+                    extra={"in_flight": self.in_flight},
+                )
+            else:
+                log.info("draining: readiness is 503, new requests are refused", extra={"in_flight": self.in_flight})
 
     # ---- loading and swapping ----------------------------------------------------------------
     def _on_step(self, step: StepStats, _engine_stats: EngineStats) -> None:
