@@ -435,8 +435,8 @@ def test_the_int8_peers_ran_int8(results: dict) -> None:
 
     # Weight-only int8 is float32 compute: its steps are captured as float32's are. A bucket
     # either run left for serving.warmup_max_seconds (capture time depends on the machine's
-    # load) says so, and only those are left out of the comparison; both runs cut the same
-    # bucket list, and at least the first bucket is captured by both.
+    # load) says so, and is left out of the comparison: the buckets neither run cut are
+    # compared, and they include the first, which both must have captured.
     def captured(peer: str) -> dict[int, bool]:
         buckets = record[peer]["engine_warmup"]["step_graphs"]["buckets"]
         return {b["batch"]: b["captured"] for b in buckets if "warmup_max_seconds" not in (b.get("reason") or "")}

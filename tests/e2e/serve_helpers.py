@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -148,8 +149,6 @@ def raw_request(port: int, path: str, body: dict[str, Any]) -> socket.socket:
 def home_with_both_bundles(second_bundle: Any, home: Path, promote: str | None = None) -> Path:
     """A copy at `home` of the store holding the session's bundle and `second_bundle` (the
     conftest fixture), with `promote` (a bundle id) promoted to production when given."""
-    import shutil
-
     from aieng_core.deploy.deployments import Deployments
 
     shutil.copytree(second_bundle.path.parents[2], home)

@@ -47,8 +47,8 @@ class DrainingServer(uvicorn.Server):
         # Not recorded in _captured_signals: uvicorn would re-raise it after shutdown and the
         # process would die by the signal instead of exiting 0.
         if self.drain_deadline is None:
-            self.drain_deadline = time.monotonic() + self.shutdown_delay_s + self.drain_timeout_s
             self.state.begin_drain(self.shutdown_delay_s)
+            self.drain_deadline = self.state.refusing_from + self.drain_timeout_s
             log.info(
                 "%s received: draining for up to %g s",
                 signal.Signals(sig).name,

@@ -92,8 +92,8 @@ class ServingState:
         self.canary_refused: tuple[str, float, str] | None = None  # (bundle id, when, why)
         self.canary_target: Any = None  # following.CanaryTarget the pointer names now, or None
         self.canary_loading: asyncio.Task[None] | None = None  # the candidate being loaded
-        self.draining = False  # from the first SIGTERM on: readiness 503, the pointer no longer followed
-        self.refusing_from: float | None = None  # time.monotonic() from which new requests get 503
+        # Set on the first SIGTERM (begin_drain): time.monotonic() from which new requests get 503.
+        self.refusing_from: float | None = None
         self.in_flight = 0
         self.reload_lock: asyncio.Lock | None = None  # made in the server's event loop
         self._background: set[asyncio.Task[Any]] = set()
@@ -108,6 +108,11 @@ class ServingState:
     @property
     def failed(self) -> bool:
         return self.phase == "failed"
+
+    @property
+    def draining(self) -> bool:
+        """From the first SIGTERM on: readiness 503, the pointer no longer followed."""
+        return self.refusing_from is not None
 
     @property
     def refusing(self) -> bool:
@@ -203,7 +208,6 @@ class ServingState:
     def begin_drain(self, shutdown_delay_s: float = 0.0) -> None:
         """Readiness 503 now; new requests refused after `shutdown_delay_s`."""
         if not self.draining:
-            self.draining = True
             self.refusing_from = time.monotonic() + shutdown_delay_s
             if shutdown_delay_s > 0:
                 log.info(
