@@ -53,10 +53,10 @@ dev: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 # Debian packages some tests drive as real programs: a PostgreSQL server (the Postgres-backed
-# Dagster instance), Prometheus, headless Chromium and HAProxy (the load balancer in front of
-# two replicas). Chromium renders text with fontconfig's
+# Dagster instance), Prometheus, headless Chromium, HAProxy (the load balancer in front of two
+# replicas) and Redis (the Celery executor's broker). Chromium renders text with fontconfig's
 # fonts; fonts-dejavu-core is named so a screenshot never lacks one.
-SYSTEM_PACKAGES := postgresql prometheus chromium fonts-dejavu-core haproxy
+SYSTEM_PACKAGES := postgresql prometheus chromium fonts-dejavu-core haproxy redis-server
 
 ## system-deps: apt-get install those packages if one of their programs is missing (no apt at all when every one is there)
 system-deps:
@@ -65,6 +65,7 @@ system-deps:
 	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v haproxy >/dev/null || missing="$$missing haproxy"; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ]; then sudo=""; elif command -v sudo >/dev/null; then sudo=sudo; else \
 	  echo "make system-deps: missing$$missing; installing the Debian packages $(SYSTEM_PACKAGES) needs root or sudo: install them and run make again" >&2; exit 1; fi; \

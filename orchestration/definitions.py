@@ -15,6 +15,7 @@ with config_errors_end_cli_commands():
     from orchestration.assets.model import model_checkpoint
     from orchestration.assets.serving import serving_bundle
     from orchestration.assets.tokenizer import bpe_tokenizer, tokenized_documents
+    from orchestration.executor import selected_executor
     from orchestration.landing import daily_ingest_schedule, landing_sensor
     from orchestration.partitions import CONFIG_PATH
     from orchestration.resources import AiengResource
@@ -27,6 +28,8 @@ with config_errors_end_cli_commands():
         rollback_readiness_schedule,
     )
     from orchestration.sensors import deploy_job, deployment_pointer_sensor, serving_bundle_sensor
+
+    EXECUTOR = selected_executor()
 
 # Each asset module keeps the checks of its assets beside them.
 ALL_CHECKS = [*data.CHECKS, *tokenizer.CHECKS, *dataset.CHECKS, *model.CHECKS, *serving.CHECKS, *deployment.CHECKS]
@@ -55,7 +58,7 @@ defs = dg.Definitions(
     ],
     # The config path is spelled out so the UI shows which file this code location runs with.
     resources={"aieng": AiengResource(config_path=str(CONFIG_PATH))},
-    # One laptop: steps run in the run's own process (a subprocess per step costs ~4 s of
-    # imports each). A deployment that scales out swaps in a Celery or Kubernetes executor.
-    executor=dg.in_process_executor,
+    # In the run's own process unless AIENG_EXECUTOR=celery (orchestration/executor.py). A bad
+    # value is a load error, as a bad config file is.
+    executor=EXECUTOR,
 )
