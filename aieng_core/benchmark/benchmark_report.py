@@ -45,7 +45,7 @@ from aieng_core.store import Artifact, ArtifactIntegrityError, ArtifactSpec, Art
 
 KIND = asset_keys.BENCHMARK_REPORT
 # v2: measures the model alone; the comparison with the deployed bundle moved to the gate.
-CODE_VERSION = "benchmark_report-v2"
+CODE_VERSION = "benchmark_report-v3"
 MODEL_KIND = asset_keys.MODEL_CHECKPOINT
 DATASET_KIND = asset_keys.DATASET_MANIFEST
 REPORT_FILE = "benchmark.json"

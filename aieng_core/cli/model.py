@@ -18,9 +18,9 @@ def cmd_model_train(args: argparse.Namespace) -> int:
     from aieng_core.training.model_checkpoint import build_model_checkpoint
 
     config = load_config(args.config)
-    with tqdm(
-        total=config.training.max_steps, desc="training", unit="step", file=sys.stderr, disable=args.no_progress
-    ) as bar:
+    # Ranks of a data-parallel run are other processes: rank 0's progress lines are the progress.
+    quiet = args.no_progress or config.training.processes > 1
+    with tqdm(total=config.training.max_steps, desc="training", unit="step", file=sys.stderr, disable=quiet) as bar:
 
         def on_step(step: int, record: dict[str, Any]) -> None:
             bar.update(step - bar.n)

@@ -5,9 +5,17 @@ from __future__ import annotations
 
 import codecs
 import datetime as dt
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from aieng_core.model.shape import head_shape_problem
 
@@ -151,6 +159,15 @@ class TrainingConfig(Section):
         default=0, ge=0, description="torch threads; 0: torch's default. Fix it for bit-identical reruns."
     )
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="auto: cuda when present, else cpu.")
+    processes: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description=(
+            "Data-parallel training processes on this machine, launched with torchrun (gloo on CPU, NCCL on CUDA); "
+            "each takes batch_size / processes sequences of every step's batch. Another count is another model."
+        ),
+    )
 
     @model_validator(mode="after")
     def _schedule_fits(self) -> TrainingConfig:
@@ -158,4 +175,18 @@ class TrainingConfig(Section):
             raise ValueError(
                 f"min_learning_rate ({self.min_learning_rate}) must not exceed learning_rate ({self.learning_rate})"
             )
+        if self.batch_size % self.processes:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be a multiple of processes ({self.processes}): every process "
+                f"takes an equal share of each step's batch"
+            )
         return self
+
+    @model_serializer(mode="wrap")
+    def _one_process_unsaid(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # One process is what every model before this key was trained with: left out of the dump
+        # (which the section's hash reads), a one-process training section hashes as it did.
+        values: dict[str, Any] = handler(self)
+        if values.get("processes") == 1:
+            del values["processes"]
+        return values

@@ -38,6 +38,7 @@ TOKENIZER_KIND = asset_keys.BPE_TOKENIZER
 
 if TYPE_CHECKING:
     from aieng_core.model.llama import LlamaConfig
+    from aieng_core.training.torchrun import Launcher
     from aieng_core.training.trainer import TrainOutcome
 
 # torch and matplotlib are imported inside the functions that train and plot: the Dagster
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
 
 KIND = asset_keys.MODEL_CHECKPOINT
 # v2: trains on dataset_manifest's memory-mapped token files; a max_minutes stop publishes a partial model.
-CODE_VERSION = "model_checkpoint-v2"
+CODE_VERSION = "model_checkpoint-v3"
 TRAINING_STATE_FILE = "training_state.json"
 LOSS_CURVE_FILE = "loss_curve.png"
 
@@ -66,7 +67,8 @@ NUMERIC_METRICS: dict[str, str] = {
     "tokens_seen": "train tokens the steps consumed (steps x batch_size x block_size)",
     "train_tokens": "tokens in the train stream",
     "validation_tokens": "tokens in the validation stream",
-    "threads": "torch intra-op threads the steps ran with",
+    "threads": "torch intra-op threads the steps ran with (in each process)",
+    "processes": "data-parallel training processes (training.processes)",
     "wall_seconds": "training time, summed over resumed runs (s)",
     "tokens_per_second": "tokens_seen / wall_seconds",
     **{f"weights_bytes_{name}": f"bytes of the weights in {name}" for name in BYTES_PER_PARAMETER},
@@ -117,10 +119,12 @@ def model_spec(config: AiengConfig, dataset: Artifact, tokenizer: Artifact) -> A
     """The full recipe: what decides the bytes of a model trained to max_steps."""
     import torch
 
+    from aieng_core.training.torchrun import threads_per_rank
     from aieng_core.training.trainer import pick_device
 
-    # training.threads: 0 means torch's default, which follows the machine's cores.
-    threads = config.training.threads or torch.get_num_threads()
+    # training.threads: 0 means torch's default, which follows the machine's cores (shared out
+    # between the processes of a data-parallel run).
+    threads = threads_per_rank(config.training, torch.get_num_threads())
     return ArtifactSpec(
         kind=KIND,
         code_version=CODE_VERSION,
@@ -128,7 +132,8 @@ def model_spec(config: AiengConfig, dataset: Artifact, tokenizer: Artifact) -> A
         config_sections=config.section_values("model", "training"),
         inputs=((DATASET_KIND, dataset.id), (TOKENIZER_KIND, tokenizer.id)),
         # CUDA and CPU kernels round differently, and CPU reductions split their work by thread
-        # count: the same recipe on another device or thread count is another model.
+        # count: the same recipe on another device or thread count is another model. (The
+        # number of processes is in the training section, when it is not 1.)
         recipe={"device": pick_device(config.training.device).type, "threads": threads},
     )
 
@@ -140,9 +145,12 @@ def build_model_checkpoint(
     logger: Any = log,
     on_step: Callable[[int, dict[str, Any]], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    launcher: Launcher | None = None,
 ) -> Artifact:
     """Train (or reuse) the model of the current dataset; `clock` (seconds) is what
-    `max_minutes` is measured on."""
+    `max_minutes` is measured on. With training.processes > 1 the ranks are started by
+    `launcher` (aieng_core/training/torchrun.py; a plain child process by default), and
+    on_step and clock are theirs, not this process's."""
     from aieng_core.training.corpus import open_token_streams, unigram_cross_entropy
     from aieng_core.training.trainer import train
 
@@ -162,9 +170,14 @@ def build_model_checkpoint(
             f"{KIND}: training {model_config.num_hidden_layers}-layer Llama on {len(train_tokens):,} train tokens "
             f"({len(validation_tokens):,} validation); unigram baseline {baseline:.4f} nats"
         )
-        outcome = train(
-            model_config, config.training, train_tokens, validation_tokens, work_dir, logger, on_step, clock
-        )
+        if config.training.processes == 1:
+            outcome = train(
+                model_config, config.training, train_tokens, validation_tokens, work_dir, logger, on_step, clock
+            )
+        else:
+            outcome = _train_data_parallel(
+                model_config, config, train_tokens, validation_tokens, work_dir, spec, launcher
+            )
         trained = _Trained(outcome, baseline, len(train_tokens), len(validation_tokens))
         if outcome.stopped_by == "max_minutes":
             raise _StoppedEarly(trained)
@@ -196,6 +209,32 @@ def build_model_checkpoint(
             return artifact
         shutil.rmtree(work_dir, ignore_errors=True)  # the artifact is complete; resume state is no longer needed
         return artifact
+
+
+def _train_data_parallel(
+    model_config: LlamaConfig,
+    config: AiengConfig,
+    train_tokens: Any,
+    validation_tokens: Any,
+    work_dir: Path,
+    spec: ArtifactSpec,
+    launcher: Launcher | None,
+) -> TrainOutcome:
+    """torchrun's N ranks train; the model is rebuilt here from the weights rank 0 wrote."""
+    from safetensors.torch import load_file
+
+    from aieng_core.model.llama import LlamaForCausalLM
+    from aieng_core.model.weights import load_into
+    from aieng_core.training.torchrun import launch, run_torchrun, write_job
+    from aieng_core.training.trainer import TrainOutcome
+
+    threads = spec.recipe["threads"]
+    job = write_job(work_dir, model_config, config.training, train_tokens, validation_tokens, threads)
+    fields, weights = launch(job, launcher or run_torchrun)
+    model = LlamaForCausalLM(model_config)
+    load_into(model, load_file(weights))
+    model.eval()
+    return TrainOutcome(model=model, **fields)
 
 
 def _write_artifact(
@@ -230,6 +269,7 @@ def _write_artifact(
         "validation_tokens": trained.validation_tokens,
         "device": device,
         "threads": outcome.threads,
+        "processes": config.training.processes,
         "wall_seconds": round(outcome.train_seconds, 3),
         "tokens_per_second": outcome.tokens_seen / max(outcome.train_seconds, 1e-9),
         **memory_budget(parameters),

@@ -7,6 +7,13 @@ step (weights, optimizer moments, the generator's state, the step) is checkpoint
 atomically as safetensors plus JSON, so a run killed part-way, or stopped by `max_minutes`,
 resumes where it stopped and ends with the weights an uninterrupted run would have had.
 No pickle anywhere.
+
+Data-parallel (`Ranks` with world > 1, torch.distributed already initialized by the caller,
+aieng_core/training/ddp_worker.py): every rank draws the same global batch from the same
+generator and reads only its own contiguous share of the windows; DistributedDataParallel
+averages the gradients, so each step is the one step a single process would take on the whole
+batch, up to float summation order. Rank 0 alone evaluates, logs and checkpoints; all ranks
+resume from its checkpoint (weights, optimizer and generator are the same on every rank).
 """
 
 from __future__ import annotations
@@ -34,6 +41,18 @@ from aieng_core.training.corpus import TokenStream
 
 CHECKPOINT_PREFIX = "step-"
 log = logging.getLogger("aieng.training")
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place in its data-parallel group."""
+
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
 
 
 class TimeBudgetTooSmall(RuntimeError):
@@ -177,6 +196,26 @@ def load_training_checkpoint(
     return state
 
 
+# ---- the data-parallel group ------------------------------------------------------------------
+def _any_rank(flag: bool, ranks: Ranks, device: torch.device) -> bool:
+    """True on every rank when it is true on any: a decision all ranks take at the same step
+    (one that stopped alone would leave the others waiting in their next gradient reduction)."""
+    if ranks.world == 1:
+        return flag
+    value = torch.tensor([1.0 if flag else 0.0], device=device)  # NCCL reduces CUDA tensors only
+    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def _mean_over_ranks(loss: torch.Tensor, ranks: Ranks) -> float:
+    """The loss of the whole batch: the mean of the ranks' equal shares' losses."""
+    if ranks.world == 1:
+        return loss.item()
+    total = loss.detach().reshape(1).clone()
+    torch.distributed.all_reduce(total)
+    return total.item() / ranks.world
+
+
 # ---- the loop -------------------------------------------------------------------------------
 def train(
     model_config: LlamaConfig,
@@ -187,6 +226,7 @@ def train(
     logger: Any = log,
     on_step: Callable[[int, dict[str, Any]], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    ranks: Ranks = Ranks(),
 ) -> TrainOutcome:
     """Train from scratch, or resume from work_dir's checkpoint of the same recipe.
 
@@ -198,7 +238,7 @@ def train(
     if config.threads:
         torch.set_num_threads(config.threads)
     try:
-        return _train(model_config, config, train_tokens, validation_tokens, work_dir, logger, on_step, clock)
+        return _train(model_config, config, train_tokens, validation_tokens, work_dir, logger, on_step, clock, ranks)
     finally:
         torch.set_num_threads(threads_before)  # don't leak the setting into the rest of the process
 
@@ -212,12 +252,16 @@ def _train(
     logger: Any,
     on_step: Callable[[int, dict[str, Any]], None] | None,
     clock: Callable[[], float],
+    ranks: Ranks,
 ) -> TrainOutcome:
     if len(train_tokens) < config.block_size + 2:
         raise ValueError(f"train stream has {len(train_tokens)} tokens, too few for block_size {config.block_size}")
     device = pick_device(config.device)
     torch.manual_seed(config.seed)
     model = LlamaForCausalLM(model_config).to(device)
+    if config.batch_size % ranks.world:
+        raise ValueError(f"batch_size {config.batch_size} is not a multiple of {ranks.world} processes")
+    share = config.batch_size // ranks.world  # sequences of each step's batch this rank trains on
     optimizer = _make_optimizer(model, config)
     generator = torch.Generator().manual_seed(config.seed)
     val_starts = eval_starts(len(validation_tokens), config)
@@ -229,10 +273,14 @@ def _train(
     history: list[dict[str, Any]] = state["history"] if state else []
     tokens_seen = state["tokens_seen"] if state else 0
     elapsed_before = state["train_seconds"] if state else 0.0
-    if resumed_from is not None:
+    if resumed_from is not None and ranks.leader:
         logger.info(f"resuming training from step {resumed_from} (checkpoint in {work_dir})")
+    # Built after the checkpoint is loaded: DDP starts by copying rank 0's weights to every rank.
+    net = model if ranks.world == 1 else torch.nn.parallel.DistributedDataParallel(model)
 
     def checkpoint() -> None:
+        if not ranks.leader:
+            return
         train_seconds = elapsed_before + clock() - started
         saved = {"step": step, "history": history, "tokens_seen": tokens_seen, "train_seconds": train_seconds}
         save_training_checkpoint(work_dir, model, optimizer, generator, saved)
@@ -243,15 +291,16 @@ def _train(
     stopped_by = "max_steps"
     model.train()
     while step < config.max_steps:
-        if clock() - started >= config.max_minutes * 60:
+        if _any_rank(clock() - started >= config.max_minutes * 60, ranks, device):  # all ranks stop at one step
             stopped_by = "max_minutes"
             break
         lr = learning_rate(step, config)
         for group in optimizer.param_groups:
             group["lr"] = lr
         starts = torch.randint(0, len(train_tokens) - config.block_size - 1, (config.batch_size,), generator=generator)
-        x, y = _batch(train_tokens, starts, config.block_size, device)
-        _, loss = model(x, y)
+        mine = starts[ranks.rank * share : (ranks.rank + 1) * share]
+        x, y = _batch(train_tokens, mine, config.block_size, device)
+        _, loss = net(x, y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
@@ -261,27 +310,31 @@ def _train(
         window_tokens += tokens_per_step
 
         record: dict[str, Any] = {}
-        if step % config.log_every == 0 or step == config.max_steps:
+        logged = step % config.log_every == 0 or step == config.max_steps
+        evaluated = step % config.eval_every == 0 or step == config.max_steps
+        train_loss = _mean_over_ranks(loss, ranks) if logged or evaluated else 0.0
+        if logged:
             now = clock()
             rate = window_tokens / max(now - window_start, 1e-9)
             eta = (config.max_steps - step) * tokens_per_step / rate
             record = {
                 "step": step,
-                "train_loss": loss.item(),
+                "train_loss": train_loss,
                 "lr": lr,
                 "grad_norm": float(grad_norm),
                 "tokens_per_second": rate,
             }
-            logger.info(
-                f"step {step}/{config.max_steps}  loss {loss.item():.4f}  lr {lr:.2e}  {rate:,.0f} tok/s  ETA "
-                f"{eta:,.0f}s"
-            )
+            if ranks.leader:
+                logger.info(
+                    f"step {step}/{config.max_steps}  loss {train_loss:.4f}  lr {lr:.2e}  {rate:,.0f} tok/s  ETA "
+                    f"{eta:,.0f}s"
+                )
             window_start, window_tokens = now, 0
-        if step % config.eval_every == 0 or step == config.max_steps:
+        if evaluated and ranks.leader:
             record = {
                 "step": step,
                 **record,
-                "train_loss": loss.item(),
+                "train_loss": train_loss,
                 "validation_loss": evaluate(model, validation_tokens, val_starts, config, device),
             }
             logger.info(f"step {step}: validation loss {record['validation_loss']:.4f}")
@@ -289,7 +342,7 @@ def _train(
             history.append(record)
         if step % config.checkpoint_every == 0 and step < config.max_steps:
             checkpoint()
-        if on_step is not None:
+        if on_step is not None and ranks.leader:
             on_step(step, record)
 
     if stopped_by == "max_minutes":
@@ -302,11 +355,14 @@ def _train(
         # uninterrupted run does not have in its history), unless the last step already saved it.
         if latest_checkpoint(work_dir) != work_dir / f"{CHECKPOINT_PREFIX}{step:08d}":
             checkpoint()
-        logger.warning(f"stopped by max_minutes at step {step} of {config.max_steps}; the next run resumes from here")
+        if ranks.leader:
+            logger.warning(
+                f"stopped by max_minutes at step {step} of {config.max_steps}; the next run resumes from here"
+            )
     # The outcome ends with the validation loss of the weights it returns, also when stopped between evaluations.
     if not history or history[-1]["step"] != step:
         history.append({"step": step})
-    if "validation_loss" not in history[-1]:
+    if "validation_loss" not in history[-1] and ranks.leader:
         history[-1]["validation_loss"] = evaluate(model, validation_tokens, val_starts, config, device)
     model.eval()
     return TrainOutcome(

@@ -1,6 +1,7 @@
 """model_checkpoint: the language model, trained from scratch."""
 
 import base64
+from collections.abc import Callable, Mapping, Sequence
 
 import dagster as dg
 
@@ -27,7 +28,9 @@ from orchestration.resources import AiengResource
 )
 def model_checkpoint(context: dg.AssetExecutionContext, aieng: AiengResource) -> dg.MaterializeResult:
     store = aieng.store()
-    artifact = checkpoint.build_model_checkpoint(store, aieng.settings(), run_info(context), context.log)
+    artifact = checkpoint.build_model_checkpoint(
+        store, aieng.settings(), run_info(context), context.log, launcher=pipes_launcher(context)
+    )
     metrics = artifact.metrics
     context.log.info(f"model_checkpoint: {'reused' if artifact.reused else 'trained'} {artifact.id}")
     png = base64.b64encode(artifact.file(checkpoint.LOSS_CURVE_FILE).read_bytes()).decode("ascii")
@@ -54,6 +57,17 @@ def model_checkpoint(context: dg.AssetExecutionContext, aieng: AiengResource) ->
             "training": dg.MetadataValue.md(training),
         },
     )
+
+
+def pipes_launcher(context: dg.AssetExecutionContext) -> Callable[[Sequence[str], Mapping[str, str]], None]:
+    """How a training.processes > 1 run starts torchrun: through Dagster Pipes, so rank 0's log
+    lines (progress, loss, tokens/s) arrive in this run's logs as they happen. On Kubernetes the
+    same command runs in a pod of its own with dg.PipesK8sClient (docs/operations/scaling-out.md)."""
+
+    def launch(command: Sequence[str], env: Mapping[str, str]) -> None:
+        dg.PipesSubprocessClient().run(command=list(command), context=context, env=dict(env))
+
+    return launch
 
 
 def quality_headline(metrics: dict, ratio: float | None) -> dict:
