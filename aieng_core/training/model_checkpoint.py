@@ -120,7 +120,6 @@ def model_spec(config: AiengConfig, dataset: Artifact, tokenizer: Artifact) -> A
     import torch
 
     from aieng_core.training.torchrun import threads_per_rank
-    from aieng_core.training.trainer import pick_device
 
     # training.threads: 0 means torch's default, which follows the machine's cores (shared out
     # between the processes of a data-parallel run).
@@ -134,8 +133,18 @@ def model_spec(config: AiengConfig, dataset: Artifact, tokenizer: Artifact) -> A
         # CUDA and CPU kernels round differently, and CPU reductions split their work by thread
         # count: the same recipe on another device or thread count is another model. (The
         # number of processes is in the training section, when it is not 1.)
-        recipe={"device": pick_device(config.training.device).type, "threads": threads},
+        recipe={"device": recipe_device(config.training.device), "threads": threads},
     )
+
+
+def recipe_device(preference: str) -> str:
+    """`cpu` or `cuda` as the config says it (where the model trains checks it is there: the
+    ranks of a data-parallel run may run elsewhere, in a GPU pod); `auto`, what this machine has."""
+    if preference != "auto":
+        return preference
+    from aieng_core.training.trainer import pick_device
+
+    return pick_device(preference).type
 
 
 def build_model_checkpoint(
@@ -228,8 +237,10 @@ def _train_data_parallel(
     from aieng_core.training.torchrun import launch, run_torchrun, write_job
     from aieng_core.training.trainer import TrainOutcome
 
-    threads = spec.recipe["threads"]
-    job = write_job(work_dir, model_config, config.training, train_tokens, validation_tokens, threads)
+    device, threads = spec.recipe["device"], spec.recipe["threads"]
+    job = write_job(
+        work_dir, model_config, config.training, train_tokens, validation_tokens, device=device, threads=threads
+    )
     fields, weights = launch(job, launcher or run_torchrun)
     model = LlamaForCausalLM(model_config)
     load_into(model, load_file(weights))

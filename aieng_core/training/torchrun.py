@@ -17,20 +17,24 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from aieng_core.config import TrainingConfig
+from aieng_core.store.atomic import atomic_write_bytes
 from aieng_core.training.corpus import TokenFile, TokenStream
 
 JOB_FILE = "job.json"
 RESULT_DIR = "result"
 RESULT_WEIGHTS = "model.safetensors"
 RESULT_OUTCOME = "outcome.json"
+ERRORS_DIR = "errors"  # rank-N.json: what rank N raised
 WORKER_MODULE = "aieng_core.training.ddp_worker"
 
 # Runs the command with the environment added to this process's; raises if it fails.
@@ -76,23 +80,37 @@ def write_job(
     config: TrainingConfig,
     train_tokens: TokenStream,
     validation_tokens: TokenStream,
+    *,
+    device: str,
     threads: int,
 ) -> Path:
+    """The job for the ranks: the recipe's device and threads in place of what the section
+    says (the ranks run on what the id says, wherever they run), and a launch id that rank 0's
+    result must carry, so a result or an error left by an earlier launch is never read."""
     work_dir.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(work_dir / RESULT_DIR, ignore_errors=True)  # never read a result of an earlier launch
+    for earlier in (work_dir / RESULT_DIR, work_dir / ERRORS_DIR):
+        if earlier.exists():
+            shutil.rmtree(earlier)
     job = {
+        "launch_id": uuid.uuid4().hex,
+        # The ranks stop themselves when the process that launched them is gone (killed with the
+        # step), rather than train on as orphans beside the next launch.
+        "launcher": {"host": socket.gethostname(), "pid": os.getpid()},
         "model": asdict(model_config),
-        # The ranks run with the recipe's thread count, whatever their environment says.
-        "training": {**config.model_dump(mode="json"), "threads": threads},
+        "training": {**config.model_dump(mode="json"), "device": device, "threads": threads},
         "train": _stream_entry(train_tokens),
         "validation": _stream_entry(validation_tokens),
         "work_dir": str(work_dir),
     }
     path = work_dir / JOB_FILE
-    temporary = path.with_name(f".{JOB_FILE}.tmp")
-    temporary.write_text(json.dumps(job, indent=2), encoding="utf-8")
-    temporary.replace(path)
+    atomic_write_bytes(path, json.dumps(job, indent=2).encode("utf-8"))
     return path
+
+
+def rank_errors(work_dir: Path) -> list[dict[str, Any]]:
+    """What the ranks that raised wrote (rank, type, message), by rank."""
+    errors = [json.loads(path.read_text(encoding="utf-8")) for path in (work_dir / ERRORS_DIR).glob("rank-*.json")]
+    return sorted(errors, key=lambda error: int(error["rank"]))
 
 
 def launch(job: Path, launcher: Launcher = run_torchrun) -> tuple[dict[str, Any], Path]:
@@ -105,12 +123,34 @@ def launch(job: Path, launcher: Launcher = run_torchrun) -> tuple[dict[str, Any]
     try:
         launcher(torchrun_command(processes, job), env)
     except Exception as error:  # torchrun's status, or a Pipes client's error saying it
-        raise DistributedTrainingFailed(
-            f"{processes}-process training failed ({error}); the next run resumes from the last "
-            f"checkpoint in {work_dir}"
-        ) from error
+        raise _launch_failure(processes, work_dir, error) from error
     result = work_dir / RESULT_DIR
     outcome_file = result / RESULT_OUTCOME
     if not outcome_file.is_file():
         raise DistributedTrainingFailed(f"torchrun exited 0 but rank 0 wrote no result in {result}")
-    return json.loads(outcome_file.read_text(encoding="utf-8")), result / RESULT_WEIGHTS
+    outcome = json.loads(outcome_file.read_text(encoding="utf-8"))
+    if outcome.pop("launch_id", None) != spec["launch_id"]:
+        raise DistributedTrainingFailed(f"the result in {result} is not this launch's ({spec['launch_id']})")
+    return outcome, result / RESULT_WEIGHTS
+
+
+def _launch_failure(processes: int, work_dir: Path, error: Exception) -> Exception:
+    """What the ranks raised, with the launcher's error. A rank killed outright (SIGKILL, out of
+    memory) writes nothing, and the others then raise a lost connection: only torchrun's output
+    names the rank that died. A budget too small for one step is that error again, as in one
+    process."""
+    from aieng_core.training.trainer import TimeBudgetTooSmall  # trainer imports torch
+
+    raised = rank_errors(work_dir)
+    if raised and raised[0]["type"] == TimeBudgetTooSmall.__name__:
+        return TimeBudgetTooSmall(raised[0]["message"])
+    said = "".join(f"; rank {e['rank']} raised {e['type']}: {_first_line(e['message'])}" for e in raised)
+    return DistributedTrainingFailed(
+        f"{processes}-process training failed ({error}){said}; the next run resumes from the last checkpoint "
+        f"in {work_dir}"
+    )
+
+
+def _first_line(message: str, limit: int = 300) -> str:
+    line = message.strip().splitlines()[0] if message.strip() else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"

@@ -207,6 +207,21 @@ def _any_rank(flag: bool, ranks: Ranks, device: torch.device) -> bool:
     return bool(value.item())
 
 
+def _same_step_on_every_rank(step: int, ranks: Ranks, device: torch.device, work_dir: Path) -> None:
+    """Every rank resumed from the same checkpoint: one that read another (a checkpoint written
+    while the ranks loaded) would draw other batches from another generator state."""
+    if ranks.world == 1:
+        return
+    steps = torch.tensor([step, -step], dtype=torch.int64, device=device)
+    torch.distributed.all_reduce(steps, op=torch.distributed.ReduceOp.MAX)
+    highest, lowest = int(steps[0]), -int(steps[1])
+    if highest != lowest:
+        raise RuntimeError(
+            f"the ranks resumed from different checkpoints (steps {lowest} to {highest}) in {work_dir}: is another "
+            f"training of this recipe still running?"
+        )
+
+
 def _mean_over_ranks(loss: torch.Tensor, ranks: Ranks) -> float:
     """The loss of the whole batch: the mean of the ranks' equal shares' losses."""
     if ranks.world == 1:
@@ -257,6 +272,8 @@ def _train(
     if len(train_tokens) < config.block_size + 2:
         raise ValueError(f"train stream has {len(train_tokens)} tokens, too few for block_size {config.block_size}")
     device = pick_device(config.device)
+    if device.type == "cuda":  # this rank's own GPU (torch.cuda.set_device), not always cuda:0
+        device = torch.device("cuda", torch.cuda.current_device())
     torch.manual_seed(config.seed)
     model = LlamaForCausalLM(model_config).to(device)
     if config.batch_size % ranks.world:
@@ -275,6 +292,7 @@ def _train(
     elapsed_before = state["train_seconds"] if state else 0.0
     if resumed_from is not None and ranks.leader:
         logger.info(f"resuming training from step {resumed_from} (checkpoint in {work_dir})")
+    _same_step_on_every_rank(step, ranks, device, work_dir)
     # Built after the checkpoint is loaded: DDP starts by copying rank 0's weights to every rank.
     net = model if ranks.world == 1 else torch.nn.parallel.DistributedDataParallel(model)
 

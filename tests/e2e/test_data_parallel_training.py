@@ -162,6 +162,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
         "two_process_run_s": round(two_run.wall_s, 1),
         "killed_run_s": round(killed_run.wall_s, 1),
         "rerun_s": round(rerun.wall_s, 1),
+        "kill_outcome": next(
+            (line.strip() for line in killed_run.output.splitlines() if "2-process training failed" in line), None
+        ),
     }
     print(f"\ndata-parallel training, tiny config: {json.dumps(figures)}")
     (root / "ddp.json").write_text(json.dumps(figures, indent=2))
