@@ -54,8 +54,12 @@ def threads_per_rank(config: TrainingConfig, cores: int) -> int:
 def torchrun_command(processes: int, job: Path) -> list[str]:
     """`torchrun --standalone` (one machine, a free rendezvous port) with no restarts: a failed
     rank fails the launch, and the next materialization resumes from the checkpoint."""
-    launcher = [sys.executable, "-m", "torch.distributed.run"]  # what the `torchrun` script runs
-    return [*launcher, "--standalone", f"--nproc-per-node={processes}", "--max-restarts=0"] + [
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]  # what the `torchrun` script runs
+    return [
+        *torchrun,
+        "--standalone",
+        f"--nproc-per-node={processes}",
+        "--max-restarts=0",
         "-m",
         WORKER_MODULE,
         str(job),
@@ -152,5 +156,6 @@ def _launch_failure(processes: int, work_dir: Path, error: Exception) -> Excepti
 
 
 def _first_line(message: str, limit: int = 300) -> str:
-    line = message.strip().splitlines()[0] if message.strip() else ""
+    lines = message.strip().splitlines()
+    line = lines[0] if lines else ""
     return line if len(line) <= limit else line[: limit - 1] + "…"
