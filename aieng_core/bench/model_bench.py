@@ -34,6 +34,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from aieng_core.config import load_config, resolve_config_path
+from aieng_core.cpu.quota import usable_cores
 from aieng_core.hashing import sha256_file
 from aieng_core.model.hf_files import CONFIG_FILE, MODEL_FILE, load_model, save_model_dir
 from aieng_core.model.llama import LlamaConfig, LlamaForCausalLM
@@ -139,7 +140,7 @@ def run_model_bench(
     settings = load_config(config)
     training = settings.training
     model_config = LlamaConfig(vocab_size=settings.tokenizer.vocab_size, **settings.model.model_dump())
-    threads = training.threads or torch.get_num_threads()
+    threads = training.threads or usable_cores()
     torch.manual_seed(training.seed)
     ours = LlamaForCausalLM(model_config)
     generator = torch.Generator().manual_seed(training.seed)

@@ -36,6 +36,7 @@ from aieng_core import asset_keys
 from aieng_core.benchmark.budget import TimeBudget
 from aieng_core.benchmark.summary import summary_metrics
 from aieng_core.config import AiengConfig
+from aieng_core.cpu.quota import usable_cores
 from aieng_core.faults import crash_point
 from aieng_core.hashing import sha256_file, sha256_json
 from aieng_core.store import Artifact, ArtifactIntegrityError, ArtifactSpec, ArtifactStore, Produced, RunInfo
@@ -252,7 +253,7 @@ def measure(
     bench, recipe = config.benchmark, config.bundle
     budget = TimeBudget(bench.max_seconds, clock)
     limits = engine_limits(config)
-    threads = bench.threads or torch.get_num_threads()
+    threads = bench.threads or usable_cores()  # 0: the cores this process has (cpu/quota.py)
     transformers_version: str | None = None
 
     with torch_threads(threads):

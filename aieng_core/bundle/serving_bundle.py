@@ -257,11 +257,11 @@ def as_fp32(config: AiengConfig) -> AiengConfig:
 
 
 def golden_threads(config: AiengConfig) -> int:
-    import torch
+    from aieng_core.cpu.quota import usable_cores
 
-    # golden_threads 0 means torch's default, which follows the machine's cores; goldens
-    # recorded with another thread count could differ in the last bit, so it is recipe.
-    return config.bundle.golden_threads or torch.get_num_threads()
+    # golden_threads 0 means the cores this process has (its CPU quota); goldens recorded with
+    # another thread count could differ in the last bit, so it is recipe.
+    return config.bundle.golden_threads or usable_cores()
 
 
 def bundle_spec(config: AiengConfig, model: Artifact, report: Artifact) -> ArtifactSpec:

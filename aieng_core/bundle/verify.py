@@ -54,14 +54,18 @@ class LoadedBundle:
     eos_token_id: int
     chat_template: ChatTemplate = NO_CHAT_TEMPLATE  # tokenizer_config.json's; source None: no chat
 
-    def make_engine(self, max_waiting: int, serving: ServingConfig | None = None) -> Engine:
+    def make_engine(
+        self, max_waiting: int, serving: ServingConfig | None = None, thread_counts: tuple[int, ...] = ()
+    ) -> Engine:
         """The bundle's engine with a queue of `max_waiting` (the server's serving.max_waiting);
         with the server's `serving` config, its decode steps are captured at warmup as that
-        config says (serving.step_graphs), cached in the store holding the bundle, and its prefix
+        config says (serving.step_graphs), at each of `thread_counts` (default: the config's for
+        the cores this process has), cached in the store holding the bundle, and its prefix
         cache is serving.prefix_cache_tokens, keyed by the bundle's id."""
         graphs, prefix_cache_tokens = None, 0
         if serving is not None:
             prefix_cache_tokens = serving.prefix_cache_tokens
+            from aieng_core.cpu.quota import read_cpu_quota
             from aieng_core.serving.step_graphs import StepGraphSettings
             from aieng_core.store.lineage import bundle_store
 
@@ -70,6 +74,7 @@ class LoadedBundle:
                 mode=serving.step_graphs,
                 max_seconds=serving.warmup_max_seconds,
                 cache_dir=store.home / "cache" / "step-graphs" if store is not None else None,
+                thread_counts=thread_counts or serving.thread_counts(read_cpu_quota().cores),
             )
         return engine_for(
             self.model, self.tokenizer, self.serving, max_waiting, graphs, self.bundle_id, prefix_cache_tokens

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, Strict, field_validator, model_validator
 
 from aieng_core.config.pipeline_sections import Section
+from aieng_core.cpu.governor import thread_ladder
 
 DEFAULT_GOLDEN_PROMPTS = (
     "The data pipeline",
@@ -166,7 +167,25 @@ class ServingConfig(Section):
             "least recently used first out. Preallocated at start, beside the KV-cache pool; 0: off."
         ),
     )
-    threads: int = Field(default=0, ge=0, description="torch intra-op threads of the server; 0: torch's default.")
+    threads: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "torch intra-op threads of the server's engine, at most; 0: the cores the process really has (its "
+            "affinity mask and its cgroup's CPU limit, rounded down: cpu/quota.py), not the host's count."
+        ),
+    )
+    adapt_threads: bool = Field(
+        default=True,
+        description=(
+            "Step with fewer threads while other processes take this server's cores (cpu/governor.py): every "
+            "0.25 s the server measures the CPU others took on its cores and runs the largest of serving.threads, "
+            "halved down to 1, that fits in what they leave (down at once, up after 1 s). A team of OpenMP threads "
+            "beside a busy process waits at every barrier for a descheduled thread (on 2 cores the server fell "
+            "from 6,911 to 59 tokens/s). The decode step graphs are captured at each of those counts. false: always "
+            "serving.threads."
+        ),
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="auto: cuda when present, else cpu.")
     step_graphs: Literal["auto", "compile", "eager"] = Field(
         default="auto",
@@ -194,6 +213,12 @@ class ServingConfig(Section):
         "below bundle.max_context (checked when the config loads); a served bundle built with a shorter "
         "context skips the lengths that do not fit it.",
     )
+
+    def thread_counts(self, cores: int) -> tuple[int, ...]:
+        """The thread counts the engine steps at, most first, on a process that has `cores`
+        (cpu/quota.py): serving.threads (0: `cores`), then halved down to 1 when adapt_threads."""
+        top = self.threads or cores
+        return thread_ladder(top) if self.adapt_threads else (top,)
 
     @model_validator(mode="before")
     @classmethod
@@ -274,6 +299,32 @@ class GateConfig(Section):
     slo_tpot_ms: float = Field(default=100.0, gt=0, strict=False, description="...and this TPOT.")
     goodput_floor: float = Field(
         default=0.9, ge=0.0, le=1.0, strict=False, description="Fraction of good requests required at every level."
+    )
+    busy_cores_limit: float = Field(
+        default=0.5,
+        ge=0.0,
+        strict=False,
+        description=(
+            "Stress: a level that breaks a latency, goodput or time SLO while other processes took at least this "
+            "many of the cores the gate may use (measured during the level) says nothing of the bundle: when every "
+            "broken level was so busy, the gate is inconclusive (production unchanged, the bundle not refused, "
+            "`aieng deploy gate` exits 75) instead of failed. 0.5: where the server steps down a thread. A value "
+            "above the machine's cores turns the rule off."
+        ),
+    )
+    busy_retries: int = Field(
+        default=2,
+        ge=0,
+        description=(
+            "production_deployment in Dagster: an inconclusive gate is run again by the same run this many times "
+            "(a step retry, busy_retry_seconds apart); after the last, the run fails as inconclusive."
+        ),
+    )
+    busy_retry_seconds: float = Field(
+        default=300.0,
+        ge=0.0,
+        strict=False,
+        description="production_deployment in Dagster: the wait before each retry of an inconclusive gate.",
     )
     max_regression: float = Field(
         default=0.10,

@@ -10,7 +10,10 @@ needs is computed from it, never measured by running it:
   KV-cache pool the bundle's limits preallocate (max_batch x max_context);
 - disk under AIENG_HOME: a model checkpoint and a bundle of it (2 x the weights), twice over
   for the rollback target kept beside what serves, plus 1 GiB for data, logs and caches;
-- cores: serving.threads (0: torch's default, one per core) against the usable cores;
+- cores: the cores this process really has (its affinity mask and its cgroup's CPU limit,
+  cpu/quota.py: what a pod's `limits.cpu` or a `taskset` leaves it), and the thread counts
+  the engine will step at: serving.threads (0: those cores), halved down to 1 while other
+  processes take cores (serving.adapt_threads); more threads than cores is a warning;
 - the device: serving.device cuda needs a CUDA device; with one, the memory rule is held
   against its free memory;
 - the C++ compiler inductor needs to capture decode steps (serving.step_graphs), as the
@@ -32,6 +35,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from aieng_core.config import AiengConfig
+from aieng_core.cpu.governor import thread_ladder
+from aieng_core.cpu.quota import read_cpu_quota
 from aieng_core.model.memory import BYTES_PER_PARAMETER, GIB, budget_bytes
 
 Verdict = Literal["ok", "warn", "fail"]
@@ -51,7 +56,7 @@ class CudaDevice:
 class Machine:
     """What this machine has (inventory())."""
 
-    cores: int
+    cores: int  # the threads this process can run at once (cpu/quota.py CpuQuota.cores)
     memory_total_bytes: int
     memory_available_bytes: int
     home: str
@@ -61,6 +66,7 @@ class Machine:
     capture_unavailable: str | None  # step_graphs.unavailable on CPU; None: inductor can capture
     libraries: dict[str, str | None] = field(default_factory=dict)  # None: not installed
     python: str = platform.python_version()
+    cpu_quota: str = ""  # where `cores` comes from: the affinity mask and the cgroup's CPU limit
 
 
 @dataclass(frozen=True)
@@ -74,7 +80,8 @@ class Needs:
     prefix_cache_bytes: int
     serving_memory_bytes: int
     disk_bytes: int
-    threads: int  # serving.threads as configured (0: one per core)
+    threads: int  # serving.threads as configured (0: the cores the process has)
+    adapt_threads: bool  # serving.adapt_threads
     device: str
     step_graphs: str
 
@@ -117,6 +124,7 @@ def needs_of(config: AiengConfig) -> Needs:
         # fp32 on disk whatever serves: the checkpoint and the float32 source bundle are float32.
         disk_bytes=COPIES_ON_DISK * parameters * BYTES_PER_PARAMETER["fp32"] + DISK_HEADROOM_BYTES,
         threads=config.serving.threads,
+        adapt_threads=config.serving.adapt_threads,
         device=config.serving.device,
         step_graphs=config.serving.step_graphs,
     )
@@ -148,8 +156,10 @@ def inventory(home: Path) -> Machine:
             cuda.append(CudaDevice(torch.cuda.get_device_name(index), int(total), int(free)))
     existing = _existing_ancestor(home)
     memory = psutil.virtual_memory()
+    quota = read_cpu_quota()
     return Machine(
-        cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
+        cores=quota.cores,
+        cpu_quota=quota.describe(),
         memory_total_bytes=int(memory.total),
         memory_available_bytes=int(memory.available),
         home=str(home),
@@ -181,8 +191,12 @@ def judge(machine: Machine, needs: Needs) -> list[Line]:
 
 def _cores(machine: Machine, needs: Needs) -> Line:
     threads = needs.threads or machine.cores
-    have = f"{machine.cores} usable cores"
-    need = f"serving.threads {needs.threads or 'auto'} ({threads} torch threads)"
+    have = machine.cpu_quota or f"{machine.cores} usable cores"
+    ladder = thread_ladder(threads) if needs.adapt_threads else (threads,)
+    steps = f"the engine steps at {ladder[0]} thread{'s' if ladder[0] != 1 else ''}"
+    if len(ladder) > 1:
+        steps += f", {' or '.join(map(str, ladder[1:]))} while other processes take cores"
+    need = f"serving.threads {needs.threads or 'auto'}: {steps}"
     if threads > machine.cores:
         detail = (
             f"{threads} threads on {machine.cores} cores: OpenMP threads wait on each other's descheduled "

@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import Any
 
 from aieng_core.config import AiengConfig
+from aieng_core.cpu.quota import usable_cores
 from aieng_core.gate.report import GateFailed
 from aieng_core.serving.device import resolve_device
 
@@ -105,7 +106,7 @@ def warmup_step(bundle_path: Path, config: AiengConfig) -> dict[str, Any]:
 
     device = resolve_device(config.serving.device)
     on_cuda = device.startswith("cuda")
-    threads = config.serving.threads or torch.get_num_threads()
+    threads = config.serving.thread_counts(usable_cores())[0]  # the server's largest count
     figures: dict[str, Any] = {"device": device, "threads": threads}
     if on_cuda:
         torch.cuda.reset_peak_memory_stats()

@@ -346,16 +346,26 @@ class Engine:
         return [output for output in final if output is not None]
 
     def warmup(self, prompt_lengths: Sequence[int], new_tokens: int = 8) -> dict[str, Any]:
-        """The decode step graphs captured (step_graphs.py; once per engine), then one
-        generation per prompt-length bucket, so the first real request of each size does not
-        pay for first-use allocations. Returns the capture's figures (`step_graphs`) and
-        seconds per prompt bucket, first run (cold) and again (warm)."""
+        """The decode step graphs captured (step_graphs.py; once per engine), then what real
+        traffic does first, at every thread count the steps may run at: for each batch bucket,
+        that many prompts prefilled together (packed, up to max_prefill_tokens) and decoded in
+        the bucket, half greedy and half sampled; then one generation per prompt length, so the
+        first real request of each size does not pay for first-use allocations. Returns the
+        capture's figures (`step_graphs`), each bucket's run (`batches`) and seconds per prompt
+        length, first run (cold) and again (warm)."""
+        from aieng_core.serving.device import torch_threads
+
         graphs = self.runner.graphs
         step_graphs = graphs.summary() if graphs.figures else graphs.capture()
         filler = [token for token in self.encode(" the data pipeline" * 64) if token != self.eos_token_id]
+        batches: list[dict[str, Any]] = []
+        for threads in graphs.thread_counts:
+            with torch_threads(threads):
+                for bucket in graphs.buckets:
+                    batches.append({"threads": threads, **self._warm_bucket(bucket, filler, new_tokens, len(batches))})
         timings = []
         for length in prompt_lengths:
-            prompt = (filler * (length // max(len(filler), 1) + 1))[:length]
+            prompt = _cut(filler, length)
             new = max(1, min(new_tokens, self.limits.max_context - length))
             params = SamplingParams(max_new_tokens=new, ignore_eos=True)
             runs = []
@@ -366,7 +376,26 @@ class Engine:
             timings.append(
                 {"prompt_tokens": length, "new_tokens": new, "cold_seconds": runs[0], "warm_seconds": runs[1]}
             )
-        return {"buckets": timings, "step_graphs": step_graphs}
+        return {"buckets": timings, "batches": batches, "step_graphs": step_graphs}
+
+    def _warm_bucket(self, bucket: int, filler: list[int], new_tokens: int, run: int) -> dict[str, Any]:
+        """`bucket` prompts long enough together to fill one prefill step (within the context),
+        generated together: a packed prefill, then decode steps of `bucket` rows. Each prompt of
+        each run starts with a token of its own, so none is taken from the prefix cache."""
+        new = max(1, min(new_tokens, self.limits.max_context - 2))
+        length = max(1, min(-(-self.limits.max_prefill_tokens // bucket), self.limits.max_context - new - 1))
+        params = [
+            SamplingParams(max_new_tokens=new, ignore_eos=True)
+            if row % 2 == 0
+            else SamplingParams(max_new_tokens=new, ignore_eos=True, temperature=0.8, top_p=0.9, top_k=40, seed=row)
+            for row in range(bucket)
+        ]
+        vocab = self.model.config.vocab_size
+        firsts = [(run * self.limits.max_batch + row) % (vocab - 1) for row in range(bucket)]
+        prompts = [[first + (first >= self.eos_token_id), *_cut(filler, length - 1)] for first in firsts]
+        started = time.perf_counter()
+        self.generate(prompts, params)
+        return {"batch": bucket, "prompt_tokens": length, "new_tokens": new, "seconds": time.perf_counter() - started}
 
     def prepare_to_serve(self, prompt_lengths: Sequence[int]) -> dict[str, Any]:
         """What readiness promises, before it turns 200: a warmup generation per prompt length
@@ -390,3 +419,8 @@ class Engine:
         """The request's output as it stands, with nothing new: what its caller is told when the
         request ends outside a step (cancelled before it was queued, failed with its loop)."""
         return self._output(request, "", ())
+
+
+def _cut(filler: list[int], length: int) -> list[int]:
+    """The first `length` tokens of `filler` repeated."""
+    return (filler * (length // max(len(filler), 1) + 1))[:length]

@@ -4,6 +4,10 @@ submit() validates in the caller's thread (so a bad request fails at once, with 
 named) and hands the request over through an inbox; the loop thread steps the engine while
 anything is queued or running and hands each output to its request's sink. Nothing may leave
 a caller waiting: stopping cancels every request still held, and a loop that dies fails them.
+
+With a ThreadGovernor (cpu/governor.py), the loop thread sets its torch thread count to the
+governor's before every step, and wakes every governor interval while idle so the count is
+right before the first request after a pause (a busy neighbour that came meanwhile).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 
+from aieng_core.cpu.governor import ThreadGovernor
 from aieng_core.serving.engine import Engine, EngineStats, RequestOutput, StepStats
 from aieng_core.serving.request import Request, RequestError, RequestStatus, SamplingParams
 from aieng_core.serving.scheduler import EngineStopped, QueueFull
@@ -28,9 +33,16 @@ Submission = tuple[str, "str | Sequence[int]", SamplingParams, Callable[[Request
 class EngineLoop:
     """Runs an Engine's steps in a background thread; the HTTP server's side of the engine."""
 
-    def __init__(self, engine: Engine, on_step: Callable[[StepStats, EngineStats], None] | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        on_step: Callable[[StepStats, EngineStats], None] | None = None,
+        threads: ThreadGovernor | None = None,
+    ) -> None:
         self.engine = engine
         self.on_step = on_step
+        self.threads = threads
+        self._threads_now: int | None = None  # the loop thread's torch thread count, once set
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._inbox: collections.deque[tuple[Request, Callable[[RequestOutput], None]]] = collections.deque()
@@ -119,16 +131,20 @@ class EngineLoop:
 
     def _step_until_stopped(self) -> None:
         engine = self.engine
+        idle_wait = self.threads.interval_s if self.threads is not None and self.threads.adapts else None
         while True:
             with self._lock:
-                while not self._stopping and not self._inbox and not engine.has_work:
-                    self._wake.wait()
+                if not self._stopping and not self._inbox and not engine.has_work:
+                    self._wake.wait(idle_wait)
                 if self._stopping:
                     return
                 while self._inbox:
                     request, sink = self._inbox.popleft()
                     self._sinks[id(request)] = (request, sink)
                     engine.enqueue(request)
+            self._fit_threads()  # before every step, and after every idle wait: the governor samples then
+            if not engine.has_work:
+                continue
             for request, output in engine.step():
                 self._deliver(request, output)
             if self.on_step is not None and engine.last_step is not None:
@@ -136,6 +152,17 @@ class EngineLoop:
                     self.on_step(engine.last_step, engine.stats())
                 except Exception:
                     log.exception("on_step callback failed")
+
+    def _fit_threads(self) -> None:
+        """The governor's thread count for this thread's next step (torch's is per thread)."""
+        if self.threads is None:
+            return
+        threads = self.threads.threads()
+        if threads != self._threads_now:
+            import torch
+
+            torch.set_num_threads(threads)
+            self._threads_now = threads
 
     def _fail_all(self) -> None:
         with self._lock:

@@ -17,6 +17,19 @@ import torch
 
 from aieng_core.model.llama import LlamaConfig
 
+_allocated = [0]  # tensors allocated by every pool and prefix cache of this process
+
+
+def allocations() -> int:
+    """Tensors the KV-cache pools and prefix caches of this process allocated: at their start
+    only (the server's aieng_kv_cache_allocations; a rise while serving would be a regression)."""
+    return _allocated[0]
+
+
+def count_allocations(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    _allocated[0] += len(tensors)
+    return tensors
+
 
 class KVCachePool:
     def __init__(
@@ -37,8 +50,8 @@ class KVCachePool:
         # there, so a batched step never needs a per-row branch and never touches live keys.
         shape = (max_batch, num_kv_heads, max_context + 1, head_dim)
         # Zeros, not empty: a scratch row attends to its position 0, which must hold finite numbers.
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.keys = count_allocations([torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)])
+        self.values = count_allocations([torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)])
         self._owners: list[str | None] = [None] * max_batch
         self._free = list(range(max_batch))  # a heap: the lowest free slot is handed out first
 

@@ -51,6 +51,7 @@ class ModelRunner:
         # Empty until warmup captures them (Engine.warmup): every step runs eagerly until then.
         self.graphs = StepGraphs(self.model, pool, graphs, bundle_key)
         self.captured_steps = 0  # decode steps run in a captured graph, since start
+        self.eager_steps = 0  # decode steps run eagerly (no graph for their bucket at their thread count), since start
         self.moved_rows = 0  # decoding requests re-seated by length (slot_order.py), since start
         # The last decode step's attended positions: the rows' own, and all, padding included.
         self.last_attention = (0, 0)
@@ -126,7 +127,7 @@ class ModelRunner:
         in the order of `requests`."""
         rows = max(_slot(r) for r in requests) + 1
         bucket = self.graphs.bucket_for(rows)
-        captured = bucket in self.graphs.graphs
+        captured = self.graphs.has(bucket)
         if captured:
             rows = bucket  # the rows above the step's own run idle
         sizes = self.graphs.group_sizes(rows)
@@ -150,6 +151,7 @@ class ModelRunner:
             self.captured_steps += 1
         else:
             logits = self.model.decode_forward(ids_t, positions_t, biases, self.pool.keys, self.pool.values)
+            self.eager_steps += 1
         if len(requests) == rows and all(_slot(r) == row for row, r in enumerate(requests)):
             return logits
         return logits[torch.tensor([_slot(r) for r in requests], device=self.device)]

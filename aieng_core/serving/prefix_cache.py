@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from aieng_core.serving.kv_cache import KVCachePool
+from aieng_core.serving.kv_cache import KVCachePool, count_allocations
 from aieng_core.serving.request import Request
 
 BLOCK_TOKENS = 16  # tokens per cached block (vLLM's default block size)
@@ -77,8 +77,9 @@ class PrefixCache:
         heads, head_dim = pool.keys[0].shape[1], pool.keys[0].shape[3]
         like = pool.keys[0]
         shape = (self.num_blocks, heads, BLOCK_TOKENS, head_dim)
-        self.keys = [torch.empty(shape, dtype=like.dtype, device=like.device) for _ in pool.keys]
-        self.values = [torch.empty(shape, dtype=like.dtype, device=like.device) for _ in pool.values]
+        # Zeros, not empty: every page touched now, at start, not by the first store while serving.
+        self.keys = count_allocations([torch.zeros(shape, dtype=like.dtype, device=like.device) for _ in pool.keys])
+        self.values = count_allocations([torch.zeros(shape, dtype=like.dtype, device=like.device) for _ in pool.values])
         self._blocks: OrderedDict[bytes, _Block] = OrderedDict()  # least recently used first
         self._free = list(range(self.num_blocks))
         self.stats = PrefixCacheStats()

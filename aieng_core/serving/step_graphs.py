@@ -13,9 +13,17 @@ length bucket, and never recompiles at serving time (a step outside what was cap
 eagerly). At capture the groups attend different lengths, so that none is taken for another
 (dynamo gives equal sizes one symbol).
 
-Capture happens in `capture()`, during warmup, bucket by bucket from batch 1 up, until
-`serving.warmup_max_seconds` is spent; each bucket's capture time and its step time captured
-and eager (same inputs, same process) are the warmup's figures. A bucket that cannot be
+Inductor bakes the thread count into its C++ kernels (`#pragma omp parallel num_threads(2)`)
+and dynamo guards on it, so a graph runs only at the thread count it was captured at. The
+server changes its thread count when other processes take cores (cpu/governor.py): every
+bucket is captured at each count of `thread_counts` (the governor's ladder: the cores, halved
+down to 1), one torch.compile whose guard picks the graph of the step's count; a step at a
+count with no graph for its bucket runs eagerly, never compiles.
+
+Capture happens in `capture()`, during warmup, bucket by bucket from batch 1 up, at the first
+thread count, then at the next, until `serving.warmup_max_seconds` is spent; each bucket's
+capture time and its step time captured and eager (same inputs, same process) are the
+warmup's figures. A bucket that cannot be
 captured (no C++ compiler, an op that breaks the graph, the time bound) runs eagerly, and the
 figures and the log say why. Inductor's compiled code is cached on disk under
 `<cache_dir>/torch-<version>/<bundle id>`, so a restart of the same bundle loads it instead of
@@ -62,6 +70,9 @@ class StepGraphSettings:
     mode: str = EAGER  # eager | compile | auto (compile on CPU when a C++ compiler is found)
     max_seconds: float = 120.0
     cache_dir: Path | None = None  # None: inductor's default (a temporary directory)
+    # The thread counts steps may run at, most first (cpu/governor.py's ladder); empty: only the
+    # count torch has when the graphs are made.
+    thread_counts: tuple[int, ...] = ()
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -76,6 +87,7 @@ def batch_buckets(max_batch: int) -> list[int]:
 @dataclass
 class BucketFigures:
     batch: int
+    threads: int
     captured: bool = False
     capture_seconds: float | None = None
     eager_step_ms: float | None = None
@@ -83,7 +95,7 @@ class BucketFigures:
     reason: str | None = None  # why not captured
 
     def summary(self) -> dict[str, Any]:
-        figures: dict[str, Any] = {"batch": self.batch, "captured": self.captured}
+        figures: dict[str, Any] = {"batch": self.batch, "threads": self.threads, "captured": self.captured}
         if self.captured:
             figures.update(
                 capture_seconds=self.capture_seconds,
@@ -98,17 +110,23 @@ class BucketFigures:
 
 @dataclass
 class StepGraphs:
-    """The compiled decode step of each captured bucket; `decode` runs a step in one."""
+    """The compiled decode step of each captured (thread count, bucket); `decode` runs a step
+    in one, at the thread count the calling thread has."""
 
     model: LlamaForCausalLM
     pool: KVCachePool
     settings: StepGraphSettings
     bundle_key: str = "unbundled"  # the bundle id: the cache directory's last part
-    graphs: dict[int, Callable[..., torch.Tensor]] = field(default_factory=dict)
+    compiled: Callable[..., torch.Tensor] | None = None  # one torch.compile: its guards pick the thread count's graph
+    captured: set[tuple[int, int]] = field(default_factory=set)  # (threads, bucket)
     figures: list[BucketFigures] = field(default_factory=list)
     reason: str | None = None  # why nothing is captured, when nothing is
     capture_seconds: float = 0.0
     min_group_rows: int = MIN_GROUP_ROWS  # the attention groups' fewest rows (decode_attention.py)
+    thread_counts: tuple[int, ...] = field(init=False)  # the settings', or torch's count when made
+
+    def __post_init__(self) -> None:
+        self.thread_counts = self.settings.thread_counts or (torch.get_num_threads(),)
 
     @property
     def buckets(self) -> list[int]:
@@ -121,27 +139,33 @@ class StepGraphs:
         """The attention groups of a decode step of `rows` rows, captured or not."""
         return group_sizes(rows, self.min_group_rows)
 
+    def has(self, bucket: int) -> bool:
+        """Whether `bucket` has a graph at the calling thread's torch thread count (running one
+        without would compile it, mid-serving)."""
+        return (torch.get_num_threads(), bucket) in self.captured
+
     def runnable(self, bucket: int, lengths: list[int]) -> bool:
-        """Whether `bucket`'s graph runs groups attending `lengths` (one per group)."""
-        return bucket in self.graphs and all(MIN_LENGTH <= length <= self.pool.max_context for length in lengths)
+        """Whether `bucket`'s graph runs groups attending `lengths` (one per group) now."""
+        return self.has(bucket) and all(MIN_LENGTH <= length <= self.pool.max_context for length in lengths)
 
     def decode(
         self, bucket: int, ids: torch.Tensor, positions: torch.Tensor, biases: list[torch.Tensor]
     ) -> torch.Tensor:
         """The captured step of `bucket` (runnable) on inputs of exactly `bucket` rows. The graph
         was compiled with each group's length dynamic (capture marks them): any length fits."""
-        return self.graphs[bucket](ids, positions, biases, self.pool.keys, self.pool.values)
+        assert self.compiled is not None
+        return self.compiled(ids, positions, biases, self.pool.keys, self.pool.values)
 
     # ---- warmup ----------------------------------------------------------------------------
     def capture(self) -> dict[str, Any]:
-        """Compile every bucket that fits in settings.max_seconds; the warmup's figures."""
+        """Compile every (thread count, bucket) that fits in settings.max_seconds; the warmup's figures."""
         started = time.perf_counter()
         self.reason = unavailable(self.settings.mode, self.pool.keys[0].device)
         if self.reason is None:
             with inductor_cache(self._cache_dir()), torch.inference_mode():
                 self._capture_buckets(started)
         else:
-            self.figures = [BucketFigures(size, reason=self.reason) for size in self.buckets]
+            self.figures = [BucketFigures(size, n, reason=self.reason) for n, size in self._plan()]
         self.capture_seconds = time.perf_counter() - started
         summary = self.summary()
         if self.reason is not None or not all(f.captured for f in self.figures):
@@ -150,12 +174,19 @@ class StepGraphs:
             log.info("decode step graphs: %s", summary["status"])
         return summary
 
+    def _plan(self) -> list[tuple[int, int]]:
+        """(threads, bucket) in capture order: every bucket at the first count, then at the next."""
+        return [(threads, size) for threads in self.thread_counts for size in self.buckets]
+
     def _capture_buckets(self, started: float) -> None:
+        from aieng_core.serving.device import torch_threads
+
         _allow_every_bucket()
         self.model._rotary_table(self.pool.keys[0])  # made once, eagerly: the graphs read it
-        compiled = torch.compile(self.model.decode_forward, fullgraph=True, dynamic=False)
-        for size in self.buckets:
-            figures = BucketFigures(size)
+        self.compiled = torch.compile(self.model.decode_forward, fullgraph=True, dynamic=False)
+        plan = self._plan()
+        for index, (threads, size) in enumerate(plan):
+            figures = BucketFigures(size, threads)
             self.figures.append(figures)
             spent = time.perf_counter() - started
             if spent >= self.settings.max_seconds:
@@ -164,26 +195,36 @@ class StepGraphs:
                     f"({self.settings.max_seconds:g})"
                 )
                 continue
-            ids, positions, biases = self._idle_inputs(size)
-            try:
-                began = time.perf_counter()
-                for bias in biases:
-                    torch._dynamo.mark_dynamic(bias, 2, min=MIN_LENGTH, max=self.pool.max_context)
-                compiled(ids, positions, biases, self.pool.keys, self.pool.values)
-                figures.capture_seconds = time.perf_counter() - began
-            except Exception as exc:  # an op that breaks the graph, a compiler that fails
-                figures.reason = f"not captured: {type(exc).__name__}: {first_line(exc)}"
-                log.exception("decode step graph for batch %d failed to compile; it runs eagerly", size)
-                if size == 1:  # the same failure would repeat for every bucket
-                    self.reason = figures.reason
-                    self.figures += [BucketFigures(s, reason=figures.reason) for s in self.buckets[1:]]
-                    return
-                continue
-            self.graphs[size] = compiled
-            figures.captured = True
-            args = (ids, positions, biases, self.pool.keys, self.pool.values)
-            figures.eager_step_ms = self._time(functools.partial(self.model.decode_forward, *args))
-            figures.captured_step_ms = self._time(functools.partial(self.decode, size, ids, positions, biases))
+            with torch_threads(threads):
+                self._capture_one(figures)
+            if figures.reason is not None and index == 0:
+                # The first graph failed: the same failure would repeat for every other.
+                self.reason = figures.reason
+                self.figures += [BucketFigures(s, n, reason=figures.reason) for n, s in plan[1:]]
+                return
+
+    def _capture_one(self, figures: BucketFigures) -> None:
+        """Compile and time one bucket at the calling thread's count (figures.reason says why not)."""
+        assert self.compiled is not None
+        size = figures.batch
+        ids, positions, biases = self._idle_inputs(size)
+        try:
+            began = time.perf_counter()
+            for bias in biases:
+                torch._dynamo.mark_dynamic(bias, 2, min=MIN_LENGTH, max=self.pool.max_context)
+            self.compiled(ids, positions, biases, self.pool.keys, self.pool.values)
+            figures.capture_seconds = time.perf_counter() - began
+        except Exception as exc:  # an op that breaks the graph, a compiler that fails
+            figures.reason = f"not captured: {type(exc).__name__}: {first_line(exc)}"
+            log.exception(
+                "decode step graph for batch %d at %d threads failed to compile; it runs eagerly", size, figures.threads
+            )
+            return
+        self.captured.add((figures.threads, size))
+        figures.captured = True
+        args = (ids, positions, biases, self.pool.keys, self.pool.values)
+        figures.eager_step_ms = self._time(functools.partial(self.model.decode_forward, *args))
+        figures.captured_step_ms = self._time(functools.partial(self.decode, size, ids, positions, biases))
 
     def _idle_inputs(self, size: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """Inputs of `size` idle rows (the scratch position, each row seeing position 0 only):
@@ -212,18 +253,26 @@ class StepGraphs:
         return self.settings.cache_dir / f"torch-{torch.__version__}" / self.bundle_key
 
     def summary(self) -> dict[str, Any]:
-        captured = [f.batch for f in self.figures if f.captured]
+        counts = self.thread_counts
+        by_threads = {n: [f.batch for f in self.figures if f.captured and f.threads == n] for n in counts}
+        captured = by_threads[counts[0]]
         cache_dir = self._cache_dir()
         if self.reason is not None:
             status = self.reason
-        elif len(captured) == len(self.figures):
-            status = f"captured: batch buckets {captured} (torch.compile, inductor)"
+        elif all(f.captured for f in self.figures):
+            at = "" if len(counts) == 1 else " at " + " and ".join(map(str, counts)) + " threads"
+            status = f"captured: batch buckets {captured}{at} (torch.compile, inductor)"
+        elif len(counts) == 1:
+            status = f"captured batch buckets {captured} of {self.buckets}; the others run eagerly"
         else:
-            status = f"captured batch buckets {captured} of {[f.batch for f in self.figures]}; the others run eagerly"
+            each = ", ".join(f"{by_threads[n]} at {n} thread{'s' if n != 1 else ''}" for n in counts)
+            status = f"captured batch buckets {each} of {self.buckets}; the others run eagerly"
         return {
             "mode": self.settings.mode,
             "status": status,
-            "captured_buckets": captured,
+            "captured_buckets": captured,  # at the first (largest) thread count
+            "thread_counts": list(counts),
+            "captured_by_threads": {str(n): buckets for n, buckets in by_threads.items()},
             "capture_seconds": self.capture_seconds,
             "warmup_max_seconds": self.settings.max_seconds,
             "cache_dir": str(cache_dir) if cache_dir else None,

@@ -117,13 +117,12 @@ class _StoppedEarly(Exception):
 
 def model_spec(config: AiengConfig, dataset: Artifact, tokenizer: Artifact) -> ArtifactSpec:
     """The full recipe: what decides the bytes of a model trained to max_steps."""
-    import torch
-
+    from aieng_core.cpu.quota import usable_cores
     from aieng_core.training.torchrun import threads_per_rank
 
-    # training.threads: 0 means torch's default, which follows the machine's cores (shared out
-    # between the processes of a data-parallel run).
-    threads = threads_per_rank(config.training, torch.get_num_threads())
+    # training.threads: 0 means the cores this process has (its CPU quota: cpu/quota.py), shared
+    # out between the processes of a data-parallel run.
+    threads = threads_per_rank(config.training, usable_cores())
     return ArtifactSpec(
         kind=KIND,
         code_version=CODE_VERSION,

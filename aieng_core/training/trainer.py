@@ -249,9 +249,10 @@ def train(
     run stopped by it makes progress: it checkpoints where it stopped, and the next call with
     the same work_dir continues from there.
     """
+    from aieng_core.cpu.quota import usable_cores
+
     threads_before = torch.get_num_threads()
-    if config.threads:
-        torch.set_num_threads(config.threads)
+    torch.set_num_threads(config.threads or usable_cores())  # 0: the cores this process has
     try:
         return _train(model_config, config, train_tokens, validation_tokens, work_dir, logger, on_step, clock, ranks)
     finally:

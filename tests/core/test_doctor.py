@@ -131,6 +131,40 @@ def run_doctor(tmp_path: Path, *arguments: str, config: Path = TINY_CONFIG) -> s
     )
 
 
+def cores_line(machine: Machine, **serving) -> tuple[str, str, str]:
+    config = load_config(TINY_CONFIG)
+    config = config.model_copy(update={"serving": config.serving.model_copy(update=serving)})
+    line = next(line for line in judge(machine, needs_of(config)) if line.check == "cores")
+    return line.verdict, line.have, line.need
+
+
+def test_the_cores_line_says_the_quota_and_the_engines_thread_counts() -> None:
+    machine = replace(ROOMY, cpu_quota="8 cores (affinity 0-7; no cgroup CPU limit)")
+    assert cores_line(machine) == (
+        "ok",
+        "8 cores (affinity 0-7; no cgroup CPU limit)",
+        "serving.threads auto: the engine steps at 8 threads, 4 or 2 or 1 while other processes take cores",
+    )
+    assert cores_line(machine, adapt_threads=False)[2] == "serving.threads auto: the engine steps at 8 threads"
+    assert cores_line(replace(ROOMY, cores=1), threads=0)[2] == "serving.threads auto: the engine steps at 1 thread"
+    assert cores_line(replace(ROOMY, cores=2), threads=4)[0] == "warn"
+
+
+def test_the_command_under_taskset_sees_one_core(tmp_path: Path) -> None:
+    """The affinity mask a `taskset -c 0` gives (os.sched_setaffinity in the child, as taskset does)."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import os, sys; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+         "from aieng_core.cli import main; sys.exit(main(sys.argv[1:]))",
+         "--home", str(tmp_path / "home"), "--config", str(TINY_CONFIG), "doctor", "--json"],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    cores = next(check for check in result["checks"] if check["check"] == "cores")
+    assert result["machine"]["cores"] == 1
+    assert cores["have"].startswith("1 core (affinity ") and cores["need"].endswith("the engine steps at 1 thread")
+
+
 def test_the_command_on_this_machine(tmp_path: Path) -> None:
     done = run_doctor(tmp_path, "--json")
     assert done.returncode == 0, done.stderr

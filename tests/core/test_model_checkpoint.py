@@ -13,6 +13,7 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import shutil
 import threading
 from collections import Counter
@@ -28,6 +29,7 @@ from safetensors.torch import load_file, save_file
 
 from aieng_core.cli import main
 from aieng_core.config import AiengConfig, load_config
+from aieng_core.cpu.quota import usable_cores
 from aieng_core.dataset.dataset_manifest import build_dataset_manifest, read_dataset
 from aieng_core.hashing import sha256_file
 from aieng_core.model.hf_files import (
@@ -370,32 +372,34 @@ def partial_id(store: ArtifactStore, config: AiengConfig, steps: int) -> str:
     """The id of the recipe that records a max_minutes stop after `steps` steps."""
     dataset = store.require_current("dataset_manifest")
     spec = model_spec(config, dataset, store.get("bpe_tokenizer", dataset.manifest["tokenizer_id"]))
-    assert spec.recipe == {"device": "cpu", "threads": torch.get_num_threads()}
+    assert spec.recipe == {"device": "cpu", "threads": usable_cores()}
     return dataclasses.replace(spec, recipe={**spec.recipe, "steps": steps, "stopped_by": "max_minutes"}).artifact_id()
 
 
-def test_the_thread_count_torch_defaults_to_is_part_of_the_id(trained: Trained) -> None:
-    """training.threads 0 follows the machine; CPU reductions split by thread, so the id must too."""
+def test_the_cores_the_process_has_are_part_of_the_id(trained: Trained) -> None:
+    """training.threads 0 follows the cores this process has (its affinity mask and cgroup CPU
+    limit: cpu/quota.py), not torch's default; CPU reductions split by thread, so the id must too."""
     store, config = trained.store, trained.config
     assert config.training.threads == 0
     dataset = store.require_current("dataset_manifest")
     tokenizer = store.get("bpe_tokenizer", dataset.manifest["tokenizer_id"])
-    before = torch.get_num_threads()
+    allowed = os.sched_getaffinity(0)
+    assert len(allowed) >= 2, "this test needs a machine with two CPUs"
+    threads_before = torch.get_num_threads()
     try:
-        torch.set_num_threads(1)
-        one = model_spec(config, dataset, tokenizer).artifact_id()
-        torch.set_num_threads(2)
-        two = model_spec(config, dataset, tokenizer).artifact_id()
+        os.sched_setaffinity(0, {min(allowed)})  # as `taskset -c 0` would run it
+        one = model_spec(config, dataset, tokenizer)
+        os.sched_setaffinity(0, set(sorted(allowed)[:2]))
+        two = model_spec(config, dataset, tokenizer)
     finally:
-        torch.set_num_threads(before)
-    assert one != two
-    assert trained.artifact.id == (one if before == 1 else two if before == 2 else trained.artifact.id)
+        os.sched_setaffinity(0, allowed)
+    assert torch.get_num_threads() == threads_before  # torch's default is not what decides
+    assert (one.recipe["threads"], two.recipe["threads"]) == (1, 2)
+    assert one.artifact_id() != two.artifact_id()
+    if usable_cores() == 2:
+        assert trained.artifact.id == two.artifact_id()
     pinned = config.model_copy(update={"training": config.training.model_copy(update={"threads": 1})})
-    torch.set_num_threads(2)
-    try:
-        assert model_spec(pinned, dataset, tokenizer).recipe["threads"] == 1  # a fixed count wins
-    finally:
-        torch.set_num_threads(before)
+    assert model_spec(pinned, dataset, tokenizer).recipe["threads"] == 1  # a fixed count wins
 
 
 def test_a_max_minutes_stop_publishes_a_partial_model_under_an_id_of_its_own(

@@ -39,6 +39,8 @@ EXTRA_FIELDS = (
     "in_flight",
     "timings",
     "error",
+    "threads",
+    "others_cores",
 )
 
 

@@ -76,6 +76,14 @@ METRIC_HELP: dict[str, str] = {
     "aieng_prefix_cache_blocks": "Blocks of 16 prompt tokens held in the prefix cache now.",
     "aieng_prefix_cache_bytes": "Bytes preallocated by the prefix cache (0: off).",
     "aieng_process_resident_memory_bytes": "Resident memory of the server process (RSS).",
+    "aieng_engine_threads": "torch threads the engine's steps run with now: serving.threads (0: the cores the "
+    "process has), fewer while other processes take its cores (serving.adapt_threads).",
+    "aieng_cpu_other_processes_cores": "CPU other processes took on this server's CPUs in the last 0.25 s window, "
+    "in cores (/proc/stat less this process): what aieng_engine_threads follows; 0 when adapt_threads is off.",
+    "aieng_compiled_graphs": "Graphs torch.compile has compiled in this process (the decode step graphs, at "
+    "warmup): one more after /health/ready turned 200 is a step that compiled while serving.",
+    "aieng_kv_cache_allocations": "Tensors allocated for KV-cache pools and prefix caches in this process: all at "
+    "a replica's start (the pool is preallocated); never while serving.",
     "aieng_batch_size": "Sequences run by one engine step (prefill plus decode).",
     "aieng_requests_rejected_total": "Generation requests refused: overloaded (429), draining (503), timeout (504).",
     "aieng_bundle_info": "The serving bundle in use (label bundle_id), always 1.",
@@ -128,6 +136,14 @@ def _rss_bytes() -> float:
         import psutil
 
         return float(psutil.Process().memory_info().rss)
+
+
+def _compiled_graphs() -> float:
+    """dynamo's count of the graphs it compiled in this process (0 before torch._dynamo is imported)."""
+    import sys
+
+    utils = sys.modules.get("torch._dynamo.utils")
+    return float(utils.counters["stats"]["unique_graphs"]) if utils is not None else 0.0
 
 
 class ServingMetrics:
@@ -207,6 +223,21 @@ class ServingMetrics:
         self.rollback_age = Gauge(
             "aieng_rollback_check_age_seconds", h["aieng_rollback_check_age_seconds"], ["pointer"], registry=r
         )
+
+    def observe_threads(self, governor: Any) -> None:
+        """The engine's thread count and what other processes take (a cpu.governor.ThreadGovernor),
+        and the counts of what must not happen after ready, read on each scrape."""
+        from aieng_core.serving.kv_cache import allocations
+
+        h, r = METRIC_HELP, self.registry
+        Gauge("aieng_engine_threads", h["aieng_engine_threads"], registry=r).set_function(
+            lambda: governor.now().threads
+        )
+        Gauge("aieng_cpu_other_processes_cores", h["aieng_cpu_other_processes_cores"], registry=r).set_function(
+            lambda: governor.now().others_cores
+        )
+        Gauge("aieng_compiled_graphs", h["aieng_compiled_graphs"], registry=r).set_function(_compiled_graphs)
+        Gauge("aieng_kv_cache_allocations", h["aieng_kv_cache_allocations"], registry=r).set_function(allocations)
 
     def set_bundle(self, bundle_id: str | None) -> None:
         """The bundle served now (None: none, after a deployment pointer was emptied)."""

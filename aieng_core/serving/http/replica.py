@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from aieng_core.asset_keys import SERVING_BUNDLE
 from aieng_core.config import AiengConfig
+from aieng_core.cpu.governor import ThreadGovernor
 from aieng_core.serving.device import resolve_device
 from aieng_core.serving.http.api_models import RequestDefaults
 from aieng_core.store import ArtifactIntegrityError, ArtifactNotFound
@@ -83,26 +84,43 @@ def hold_bundle(bundle_path: Path) -> ExitStack:
     return held
 
 
-def open_replica(bundle_path: Path, config: AiengConfig, on_step: OnStep) -> Replica:
+def open_replica(bundle_path: Path, config: AiengConfig, on_step: OnStep, threads: ThreadGovernor) -> Replica:
     """Load and verify a bundle, warm its engine up, prove a forward works, start its loop.
 
     Blocking (seconds): run it off the event loop. The bundle fixes the model, its limits of
     memory and context (max_batch, max_context, max_prefill_tokens) and the request defaults;
-    the server's config fixes how it behaves under load (max_waiting, timeouts, threads)."""
+    the server's config fixes how it behaves under load (max_waiting, timeouts, threads). The
+    engine is warmed up and its step graphs captured at every thread count of the server's
+    governor (`threads.ladder`), whose count its loop then steps at."""
+    import torch
+
     from aieng_core.bundle.verify import load_bundle
     from aieng_core.serving.engine_loop import EngineLoop
 
     serving = config.serving
+    torch.set_num_threads(threads.ladder[0])  # loaded and warmed at the largest count (goldens at their own)
     with hold_bundle(bundle_path) as held:  # released here only if the replica is never opened
         bundle = load_bundle(bundle_path, device=resolve_device(serving.device))
-        engine = bundle.make_engine(max_waiting=serving.max_waiting, serving=serving)
+        engine = bundle.make_engine(max_waiting=serving.max_waiting, serving=serving, thread_counts=threads.ladder)
         warmup = engine.prepare_to_serve(serving.warmup_prompt_lengths)
         defaults = RequestDefaults.of_bundle(bundle.serving)
         data_version = bundle_data_version(bundle_store(bundle_path), bundle.manifest) or UNKNOWN_DATA_VERSION
-        loop = EngineLoop(engine, on_step=on_step).start()
+        threads.settle()  # the count the machine has room for now, before the first request
+        loop = EngineLoop(engine, on_step=on_step, threads=threads).start()
         replica = Replica(bundle=bundle, loop=loop, defaults=defaults, warmup=warmup, data_version=data_version)
         replica.hold = held.pop_all()  # the replica holds the bundle now, until it stops
     return replica
+
+
+def server_governor(config: AiengConfig) -> ThreadGovernor:
+    """The server's thread governor: serving.threads (0: the cores this process has) halved down
+    to 1, adapting to what other processes take when serving.adapt_threads."""
+    from aieng_core.cpu.quota import read_cpu_quota
+    from aieng_core.cpu.usage import CpuSampler
+
+    quota = read_cpu_quota()
+    ladder = config.serving.thread_counts(quota.cores)
+    return ThreadGovernor(ladder, CpuSampler(quota.affinity) if config.serving.adapt_threads else None)
 
 
 async def in_a_thread_of_its_own(work: Callable[[], T], name: str, discard: Callable[[T], object] | None = None) -> T:

@@ -116,10 +116,6 @@ def run_server(
     configure_logging(log_level)
     requests = open_request_log(request_log, request_log_given)
     tracing = from_environment()  # None unless OTEL_* asks for traces
-    if config.serving.threads:
-        import torch
-
-        torch.set_num_threads(config.serving.threads)
     admin_token = os.environ.get(ADMIN_TOKEN_ENV) or None
     follow = None
     if follow_home is not None:
@@ -137,6 +133,13 @@ def run_server(
         tracing=tracing,
     )
     state = app.state.serving
+    log.info(
+        "engine threads: %s; %s",
+        " or ".join(map(str, state.threads.ladder)),
+        "fewer while other processes take cores (serving.adapt_threads)"
+        if state.threads.adapts
+        else "fixed (serving.adapt_threads is off or there is one)",
+    )
     serving_what = str(bundle_path) if bundle_path is not None else f"the {pointer} deployment under {follow_home}"
     log.info(
         "serving %s on http://%s:%d (admin API %s; request log %s)",

@@ -36,7 +36,7 @@ from starlette.requests import Request as HttpRequest
 from aieng_core.config import AiengConfig
 from aieng_core.serving.http.errors import ApiError, unavailable
 from aieng_core.serving.http.metrics import ServingMetrics
-from aieng_core.serving.http.replica import Replica, in_a_thread_of_its_own, open_replica
+from aieng_core.serving.http.replica import Replica, in_a_thread_of_its_own, open_replica, server_governor
 from aieng_core.store import ArtifactIntegrityError
 from aieng_core.store.canary_state import routes_to_canary
 from aieng_core.store.request_log import NO_BUNDLE
@@ -79,7 +79,10 @@ class ServingState:
         self.tracing: Tracing | None = None  # OpenTelemetry spans of each request (tracing.py); None: off
         self.config = config
         self.admin_token = admin_token or None
+        # One for every replica's engine loop: the threads the steps run with (cpu/governor.py).
+        self.threads = server_governor(config)
         self.metrics = ServingMetrics()
+        self.metrics.observe_threads(self.threads)
         self.metrics.ready.set_function(lambda: float(self.ready))
         self.metrics.max_waiting.set(config.serving.max_waiting)
         self.phase = "loading"  # loading -> ready | failed
@@ -231,7 +234,9 @@ class ServingState:
         # Not asyncio.to_thread: see in_a_thread_of_its_own (the engine thread must be the
         # only one left holding OpenMP workers).
         return await in_a_thread_of_its_own(
-            lambda: open_replica(path, self.config, self._on_step), "aieng-load", discard=lambda r: r.stop(10.0)
+            lambda: open_replica(path, self.config, self._on_step, self.threads),
+            "aieng-load",
+            discard=lambda r: r.stop(10.0),
         )
 
     async def initial_load(self) -> None:

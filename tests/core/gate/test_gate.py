@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 
 from aieng_core.config import AiengConfig, load_config
+from aieng_core.cpu.governor import thread_ladder
+from aieng_core.cpu.quota import usable_cores
 from aieng_core.deploy.deployments import DeploymentError, Deployments
 from aieng_core.gate import DRILL_POINTER, GateFailed, GateReport, read_report, reports_dir, run_gate
 from aieng_core.gate.production_deployment import PROMOTE_REASON
@@ -96,7 +98,12 @@ def test_verify_and_warmup_figures(gated: Gated) -> None:
     assert warmup["device"] == "cpu"
     # configs/tiny.yaml keeps the test servers eager (tests/core/serving/test_step_graphs.py captures).
     assert warmup["step_graphs"]["status"] == "not captured: serving.step_graphs is eager"
-    assert [b["captured"] for b in warmup["step_graphs"]["buckets"]] == [False] * 5  # max_batch 16: 1..16
+    # max_batch 16: buckets 1..16, at each thread count the server may step at (2 and 1 on 2 cores).
+    counts = warmup["step_graphs"]["thread_counts"]
+    assert counts == list(thread_ladder(usable_cores())) and warmup["threads"] == counts[0]
+    assert [(b["threads"], b["batch"], b["captured"]) for b in warmup["step_graphs"]["buckets"]] == [
+        (n, batch, False) for n in counts for batch in (1, 2, 4, 8, 16)
+    ]
     assert warmup["cuda_max_memory_allocated_bytes"] is None
     assert [b["prompt_tokens"] for b in warmup["warmup_buckets"]] == [4, 16]
     assert warmup["cold_first_request_ms"] > 0 and warmup["warm_first_request_ms"] > 0
@@ -135,6 +142,7 @@ def test_compare_serves_both_bundles_interleaved_in_fresh_servers(gated: Gated) 
         (2, "deployed"),
     ]
     assert all(t["exit_code"] == 0 and t["ready_seconds"] > 0 for t in second["turns"])
+    assert all(t["others_cores"] >= 0 for t in second["turns"])  # recorded; the decision does not use it
     decision = second["decision"]
     assert decision["requests"] == 2 * second["requests_per_turn"] == 16
     low, high = decision["interval"]
@@ -158,6 +166,14 @@ def test_stress_figures_at_every_level(gated: Gated) -> None:
     assert stress["levels"]["concurrency=4"]["concurrency"] == 4
     assert stress["levels"]["poisson=8"]["rate_per_s"] == 8.0
     assert stress["violations"] == [] and stress["server"]["exit_code"] == 0
+    assert stress["outcome"] == "passed" and gated.first.outcome == "passed"
+    # The CPU other processes took on ours, per level and over all of them (gate/busy.py); a level
+    # shorter than a sampling window (50 ms: tiny's closed loops may be) is not measured. The
+    # Poisson level's seeded arrivals span half a second.
+    poisson = stress["levels"]["poisson=8"]
+    assert poisson["others_cores"] >= 0 and poisson["ours_cores"] > 0
+    assert all(level["others_cores"] is None or level["others_cores"] >= 0 for level in stress["levels"].values())
+    assert stress["cpu"]["others_cores"] >= 0 and 1 <= stress["cpu"]["cores"] <= stress["cpu"]["cpus"]
     assert "regression" not in stress  # recorded figures of another run are never compared with
 
 
@@ -218,7 +234,8 @@ def test_the_drill_uses_its_own_pointer_and_never_touches_production(gated: Gate
 def test_a_gate_that_fails_at_stress_leaves_production_serving(gated: Gated) -> None:
     production, drill = Deployments(gated.home), Deployments(gated.home, DRILL_POINTER)
     before, drill_before = production.status(), drill.status()
-    impossible = with_gate(load_config(TINY_CONFIG), slo_ttft_p99_ms=0.001)
+    # busy_cores_limit beyond any machine: a failure however busy it is (test_inconclusive.py: the other way).
+    impossible = with_gate(load_config(TINY_CONFIG), slo_ttft_p99_ms=0.001, busy_cores_limit=1000.0)
     with pytest.raises(GateFailed) as failed:
         run_gate(gated.home, impossible, gated.pair.a.id, run_id="run-impossible")
     exc = failed.value
@@ -238,8 +255,10 @@ def test_a_gate_that_fails_at_stress_leaves_production_serving(gated: Gated) -> 
     stress = report.step("stress").figures
     assert {v["figure"] for v in stress["violations"]} == {f"{level}.ttft_ms.p99" for level in LEVELS}
     assert stress["server"]["exit_code"] == 0
+    assert stress["outcome"] == "failed" and stress["levels"]["poisson=8"]["others_cores"] >= 0
     on_disk = read_report(Path(report.path))
     assert on_disk["failure"]["figure"] == "concurrency=1.ttft_ms.p99" and on_disk["passed"] is False
+    assert on_disk["outcome"] == on_disk["failure"]["outcome"] == "failed"
     assert on_disk["steps"][4]["figures"]["levels"].keys() == LEVELS
     # Production and the drill pointer are exactly as they were.
     assert production.status() == before and drill.status() == drill_before

@@ -82,7 +82,7 @@ def test_a_request_names_the_replica_it_ran_on_through_a_swap(
     app = create_app(first.path, config, admin_token=None, request_log=RequestLog(log_path))
     with serving(app) as server:
         state = server.state
-        swap_after_acquiring(state, monkeypatch, open_replica(other_bundle.path, config, state._on_step))
+        swap_after_acquiring(state, monkeypatch, open_replica(other_bundle.path, config, state._on_step, state.threads))
         reply = server.post(
             "/generate", {"prompt": "The data", "max_new_tokens": 4, "ignore_eos": True}, {"X-Request-ID": "swapped"}
         )
@@ -94,7 +94,7 @@ def test_a_request_names_the_replica_it_ran_on_through_a_swap(
         assert version.json["data_version"] == data_version
 
         # A stream: headers and the last event before [DONE] name the replica it ran on.
-        swap_after_acquiring(state, monkeypatch, open_replica(first.path, config, state._on_step))
+        swap_after_acquiring(state, monkeypatch, open_replica(first.path, config, state._on_step, state.threads))
         body = {"prompt": ["a", "b"], "max_tokens": 3, "ignore_eos": True, "stream": True, "temperature": 0}
         stream = server.post("/v1/completions", body, {"X-Request-ID": "streamed"})
         assert stream.status == 200 and named(stream) == (other_bundle.id, data_version)

@@ -141,7 +141,7 @@ def test_a_request_takes_its_defaults_from_the_replica_it_runs_on(
 ) -> None:
     server = serve(serving_bundle_artifact.bundle.path)  # default_max_new_tokens 16
     assert set(tokens_of(server.post(path, body).json)) == {16}
-    replica = open_replica(other_defaults, serving_bundle_artifact.config, server.state._on_step)
+    replica = open_replica(other_defaults, serving_bundle_artifact.config, server.state._on_step, server.state.threads)
     swap_when_acquired(server.state, monkeypatch, replica)
     reply = server.post(path, body)
     assert reply.status == 200, reply.body
