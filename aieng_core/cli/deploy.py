@@ -6,7 +6,9 @@ takes the parsed arguments (the global `--home` among them) and returns the exit
 Every `--json` output is one JSON document on stdout: the pointer's status
 (`{pointer, sequence, current, previous, stack, withdrawn, history, unapplied, torn_tail}`),
 plus the `event` recorded for promote and rollback; check-rollback's is the readiness check's
-result. A refusal prints one line on stderr and exits 1, with nothing on stdout.
+result. A refusal prints one line on stderr and exits 1, with nothing on stdout. An inconclusive
+gate (`aieng deploy gate`, `aieng deploy canary`: the machine was too busy for the stress step's
+SLOs to say anything of the bundle) prints one line and exits 75, EX_TEMPFAIL: try again later.
 """
 
 from __future__ import annotations
@@ -29,11 +31,23 @@ if TYPE_CHECKING:  # the gate imports the engine: loaded only by the commands th
     from aieng_core.gate.report import GateReport
 
 HISTORY_SHOWN = 10
+# sysexits.h EX_TEMPFAIL, "try again later": the gate decided nothing (a busy machine), production
+# unchanged and the bundle not refused. A script tells it from a refusal (1) and runs the gate again.
+EXIT_INCONCLUSIVE = 75
+GATE_EXIT_STATUS = (
+    "Exit status: 0 passed (production now serves the bundle); 1 refused (a step failed, or nothing to gate): "
+    "production unchanged; 75 inconclusive: a stress SLO broke only while other processes took the machine's CPU "
+    "(gate.busy_cores_limit), so nothing was decided: production unchanged, the bundle not refused; run the gate "
+    "again when the machine is quieter."
+)
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split("\n"))
 
 
 def _refused(exc: Exception) -> int:
-    message = " ".join(str(exc).split("\n"))
-    print(f"aieng: error: {message}", file=sys.stderr)
+    print(f"aieng: error: {_one_line(exc)}", file=sys.stderr)
     return 1
 
 
@@ -203,7 +217,8 @@ def cmd_deploy_check_rollback(args: argparse.Namespace) -> int:
 def _format_gate(report: dict[str, Any]) -> str:
     from aieng_core.gate.report import step_headline
 
-    lines = [f"gate of serving_bundle {report['bundle_id']}: {'PASSED' if report['passed'] else 'FAILED'}"]
+    outcome = str(report["outcome"] or "unfinished").upper()
+    lines = [f"gate of serving_bundle {report['bundle_id']}: {outcome}"]
     for step in report["steps"]:
         if step["passed"]:
             headline = step_headline(step["name"], step["figures"])
@@ -211,7 +226,7 @@ def _format_gate(report: dict[str, Any]) -> str:
                 f"  {step['name']:<8} passed in {step['seconds']:.1f} s" + (f": {headline}" if headline else "")
             )
     if report["failure"] is not None:
-        lines.append(f"  {report['failure']['step']:<8} FAILED: {report['failure']['message']}")
+        lines.append(f"  {report['failure']['step']:<8} {outcome}: {report['failure']['message']}")
     if report["event"] is not None:
         event = report["event"]
         lines.append(
@@ -240,8 +255,9 @@ def cmd_deploy_gate(args: argparse.Namespace) -> int:
 def _answer_gate(args: argparse.Namespace, gate: Callable[[], GateReport]) -> int:
     """Run `gate` (a gate, or a canary through the gate) and answer as `aieng deploy gate`
     does: its report, and Dagster told of the promote; a failure's report (with --json) and
-    one line on stderr, exit 1; a refusal before any step, one line, exit 1."""
-    from aieng_core.gate.report import GateFailed
+    one line on stderr, exit 1; an inconclusive gate's the same, exit 75; a refusal before any
+    step, one line, exit 1."""
+    from aieng_core.gate.report import GateFailed, GateInconclusive
 
     try:
         report = gate().as_dict()
@@ -250,7 +266,11 @@ def _answer_gate(args: argparse.Namespace, gate: Callable[[], GateReport]) -> in
             return _refused(exc)
         if args.json:
             emit(exc.report.as_dict(), True, _format_gate)
-        print(f"aieng: error: {exc} (report: {exc.report.path}); production unchanged", file=sys.stderr)
+        where = f"(report: {exc.report.path}); production unchanged"
+        if isinstance(exc, GateInconclusive):
+            print(f"aieng: {_one_line(exc)} {where}; run the gate again", file=sys.stderr)
+            return EXIT_INCONCLUSIVE
+        print(f"aieng: error: {exc} {where}", file=sys.stderr)
         return 1
     except (ValueError, OSError, LookupError) as exc:  # refusals, a missing bundle, unwritable state
         return _refused(exc)
@@ -380,6 +400,8 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     gate = deploy_commands.add_parser(
         "gate",
         help="run the promotion gate (verify, warmup, compare, stress, drill) on a bundle, and promote it if it passes",
+        description="Run the promotion gate on BUNDLE_ID (verify, quality, warmup, compare, stress, drill) and "
+        f"promote it on production if every step passes. {GATE_EXIT_STATUS}",
     )
     gate.add_argument("bundle_id", nargs="?", metavar="BUNDLE_ID", help="default: the current serving_bundle")
     gate.add_argument("--json", action="store_true", help="one JSON document on stdout: the gate's report")
@@ -397,7 +419,8 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "requests (every server following the pointer, `aieng serve --deployment current`, routes by request id), "
         "comparing its error rate and P99 latency with production's over each step's window (from the request "
         "log). A breach removes the canary at once, records why in deployments/production/canary-history.jsonl "
-        "and exits 1 with production unchanged; after the last step the bundle is promoted.",
+        "and exits 1 with production unchanged; after the last step the bundle is promoted. The gate's exit "
+        "status: 75 when its checks were inconclusive (a busy machine; no rollout started).",
     )
     canary.add_argument(
         "bundle_id", nargs="?", metavar="BUNDLE_ID", help="a serving_bundle id (`aieng bundle current`)"

@@ -4,13 +4,14 @@ the steps in order)."""
 
 from aieng_core.gate.drill import DRILL_POINTER
 from aieng_core.gate.production_deployment import CODE_VERSION, KIND, run_gate
-from aieng_core.gate.report import GateFailed, GateReport, GateStep, read_report, reports_dir
+from aieng_core.gate.report import GateFailed, GateInconclusive, GateReport, GateStep, read_report, reports_dir
 
 __all__ = [
     "CODE_VERSION",
     "DRILL_POINTER",
     "KIND",
     "GateFailed",
+    "GateInconclusive",
     "GateReport",
     "GateStep",
     "read_report",

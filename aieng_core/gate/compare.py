@@ -18,7 +18,10 @@ wholly above 1 + `gate.max_regression`. When the answer is open after `gate.comp
 machine) another round is served, up to `gate.compare_max_rounds`: more pairs narrow the
 interval where it matters, and a clear answer costs nothing extra. Figures measured when the deployed bundle was
 promoted, under another load, are never compared with: that was noise posing as a regression.
-The absolute SLOs are the stress step's.
+The absolute SLOs are the stress step's. Each round records `others_cores`, the CPU other
+processes took during its pairs (gate/busy.py); unlike the stress step's, this decision does
+not depend on it: a load hits both members of a pair alike, and its error rates were measured
+beside a busy process (docs/deployment/promotion-gate.md).
 
 On a first deployment there is nothing to compare with, and the figures say so. A deployed
 bundle that cannot be served is production's problem (`aieng store verify` names it): it is
@@ -78,6 +81,7 @@ def _round(
     from contextlib import ExitStack
     from dataclasses import replace
 
+    from aieng_core.gate.busy import gate_sampler
     from aieng_core.loadgen.http_load import closed_loop, paired
     from aieng_core.loadgen.server_process import ServerProcess
 
@@ -95,6 +99,9 @@ def _round(
             for side in start_order:
                 warm = [replace(r, max_tokens=WARMUP_NEW_TOKENS) for r in requests[side][: gate.compare_concurrency]]
                 closed_loop(servers[side].port, warm, len(warm), stream=True, max_seconds=gate.max_seconds_per_level)
+            # Recorded, not judged: a load hits both members of a pair alike (gate/busy.py).
+            sampler = gate_sampler(lambda: [server.pid for server in servers.values()])
+            sampler.sample()
             started = time.perf_counter()
             records = paired(
                 (servers[CANDIDATE].port, servers[DEPLOYED].port),
@@ -104,6 +111,7 @@ def _round(
                 max_seconds=gate.max_seconds_per_level,
             )
             wall = time.perf_counter() - started
+            use = sampler.sample()
         exit_codes = {side: servers[side].stop() for side in SIDES}
     finally:
         for server in servers.values():
@@ -126,7 +134,8 @@ def _round(
             value=sent,
             limit=MIN_PAIRS,
         )
-    measured: dict[str, Any] = {"wall_seconds": wall, "pairs_sent": sent, "sides": {}}
+    others = None if use is None else use.others_cores
+    measured: dict[str, Any] = {"wall_seconds": wall, "pairs_sent": sent, "others_cores": others, "sides": {}}
     for side, side_records in zip(SIDES, records):
         measured["sides"][side] = {
             "e2el_ms": [r.e2el * 1000.0 for r in side_records],
@@ -212,6 +221,7 @@ def compare_step(
                     "side": side,
                     "wall_seconds": measured["wall_seconds"],
                     "pairs_sent": measured["pairs_sent"],
+                    "others_cores": measured["others_cores"],  # during the round's pairs
                     **measured["sides"][side],
                 }
             )

@@ -21,9 +21,12 @@ failure (GateFailed names the step, the figure, the value and the limit):
 7. promote: Deployments(home).promote (the atomic switch and its append-only history line),
    with every step's figures and the Dagster run id in the event.
 
-A failed gate leaves production as it was (still serving). Every run's report, passed or
-failed, is written to $AIENG_HOME/deployments/gate-reports/ (report.py), beside a folder with
-the config the gate's servers ran with and their logs.
+A failed gate leaves production as it was (still serving). So does an inconclusive one
+(GateInconclusive, a GateFailed: the stress step's SLOs broke only while other processes took
+the machine's CPU, busy.py), which refuses nothing: a re-run of the same bundle gates it
+afresh. Every run's report, passed, failed or inconclusive (`outcome`), is written to
+$AIENG_HOME/deployments/gate-reports/ (report.py), beside a folder with the config the gate's
+servers ran with and their logs.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from aieng_core.gate.drill import drill_step
 from aieng_core.gate.quality import quality_step
 from aieng_core.gate.report import (
     GateFailed,
+    GateInconclusive,
     GateReport,
     GateStep,
     now_iso,
@@ -64,7 +68,8 @@ BUNDLE_KIND = asset_keys.SERVING_BUNDLE
 # figures); withdrawn bundles refused. v4: an open speed answer earns more rounds (compare_max_rounds).
 # v5: a held-out text under gate.quality_min_text_bytes is judged in the pooled text only.
 # v6: servers capture their decode step graphs at warmup; the warmup figures report them.
-CODE_VERSION = "production_deployment-v6"
+# v7: an SLO broken only while other processes took the CPU is inconclusive, not a failure (busy.py).
+CODE_VERSION = "production_deployment-v7"
 PROMOTE_REASON = "gate passed"
 CANARY_REASON = "gate passed; canary rollout passed every step"
 # A rollout in place of the direct promote: given promote(extra figures) -> the history event,
@@ -245,8 +250,7 @@ def _run_gate(
         )
     )
     report.event = event
-    report.passed = True
-    report.finished_at = now_iso()
+    report.conclude()
     write_report(home, report)
     logger.info(
         f"gate {bundle_id}: passed; production now serves it (sequence {event['sequence']}, was {event['from']})"
@@ -262,11 +266,13 @@ def _fail(
     logger: Any,
     cause: BaseException | None = None,
 ) -> NoReturn:
-    """Record the failed step, write the report, raise `failure` (never returns)."""
+    """Record the step that stopped the gate, write the report, raise `failure` (never returns)."""
     report.steps.append(GateStep(failure.step, False, time.perf_counter() - started, plain(failure.figures)))
-    report.failure = failure.as_dict()
-    report.finished_at = now_iso()
+    report.conclude(failure)
     write_report(home, report)
     failure.report = report
-    logger.error(f"gate {report.bundle_id}: {failure} (report: {report.path}); production unchanged")
+    line = f"gate {report.bundle_id}: {failure} (report: {report.path}); production unchanged"
+    # An inconclusive gate is no error of the bundle's: said at info level (`aieng deploy gate`
+    # prints its own one line; the Dagster asset warns and retries).
+    (logger.info if isinstance(failure, GateInconclusive) else logger.error)(line)
     raise failure from cause

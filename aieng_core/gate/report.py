@@ -1,7 +1,9 @@
 """What a gate run found: each step's figures, the first failure, and where the report is kept.
 
 A failed gate raises GateFailed naming the step, the figure that failed it, the value measured
-and the limit it broke, with a reason a person can act on. Every run, passed or failed, is
+and the limit it broke, with a reason a person can act on. A gate that could not decide (an SLO
+broken only while other processes took the machine's CPU: busy.py) raises GateInconclusive, a
+GateFailed that is no refusal of the bundle. Every run, passed, failed or inconclusive, is
 written as JSON to `$AIENG_HOME/deployments/gate-reports/<bundle_id>-<time>[-<run id>].json`
 (atomically), so the figures of a gate that refused a bundle are as findable as those of one
 that promoted it (those are also in the production history event).
@@ -14,18 +16,22 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from aieng_core.store.atomic import atomic_write_bytes
 from aieng_core.store.pointers import GATE_REPORTS_DIR, deployments_dir
 
 STEPS = ("verify", "quality", "warmup", "compare", "stress", "drill", "promote")
+# How a gate ended: promoted, refused, or undecided (a re-run can pass). GateReport.conclude sets it.
+Outcome = Literal["passed", "failed", "inconclusive"]
 
 
 class GateFailed(Exception):
     """The gate refused the bundle at `step`: `figure` measured `value` against `limit`.
     Production was not changed. `figures` are what the step measured before it stopped;
     `report` (set by run_gate) is the whole run, `report.path` where it was written."""
+
+    outcome: Outcome = "failed"
 
     def __init__(
         self,
@@ -43,11 +49,16 @@ class GateFailed(Exception):
         self.limit = limit
         self.figures = figures or {}
         self.report: GateReport | None = None
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        value, limit = self.value, self.limit
         measured = "" if value is None else f" = {_show(value)}" + ("" if limit is None else f" (limit {_show(limit)})")
-        super().__init__(f"gate failed at {step}: {figure}{measured}: {reason}")
+        return f"gate failed at {self.step}: {self.figure}{measured}: {self.reason}"
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "outcome": self.outcome,
             "step": self.step,
             "figure": self.figure,
             "value": plain(self.value),
@@ -55,6 +66,19 @@ class GateFailed(Exception):
             "reason": self.reason,
             "message": str(self),
         }
+
+
+class GateInconclusive(GateFailed):
+    """The gate could not decide at `step`: `figure` broke its limit only while other processes
+    took the machine's CPU (busy.py). No refusal of the bundle: production was not changed and
+    a re-run can pass. A GateFailed all the same, so every `except GateFailed` leaves production
+    as it was; those that answer a person tell the two apart (`outcome`). `reason` is the
+    message after `inconclusive: `."""
+
+    outcome: Outcome = "inconclusive"
+
+    def _message(self) -> str:
+        return f"inconclusive: {self.reason}"
 
 
 def _show(value: Any) -> str:
@@ -98,11 +122,20 @@ class GateReport:
     started_at: str
     production_before: dict[str, Any]  # {bundle_id, sequence} when the gate started
     steps: list[GateStep] = field(default_factory=list)
-    passed: bool = False
+    outcome: Outcome | None = None  # None while the gate runs; set by conclude() only
+    passed: bool = False  # outcome == "passed": promoted
     failure: dict[str, Any] | None = None  # GateFailed.as_dict() of the step that stopped the gate
     event: dict[str, Any] | None = None  # the production history event of the promotion
     finished_at: str | None = None
     path: str | None = None  # where this report was written
+
+    def conclude(self, failure: GateFailed | None = None) -> None:
+        """The gate's end, recorded in this one place: passed (no failure: promoted), failed (the
+        bundle refused) or inconclusive (undecided: no refusal, a re-run can pass)."""
+        self.outcome = "passed" if failure is None else failure.outcome
+        self.passed = failure is None
+        self.failure = None if failure is None else failure.as_dict()
+        self.finished_at = now_iso()
 
     def figures(self) -> dict[str, Any]:
         """Each finished step's figures by step name (what the promotion event records)."""

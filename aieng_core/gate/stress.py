@@ -16,6 +16,12 @@ slo_tpot_ms; 429s and unsent requests are not good) >= goodput_floor. These are 
 whether the candidate is slower than what serves is the compare step's question, asked of
 both bundles in the same run (compare.py). The server is always stopped (SIGTERM, then a
 kill), and must drain and exit 0.
+
+During each level (and over all of them) the step measures the CPU other processes took on
+this process's CPUs (`others_cores`, busy.py): when every level that broke an SLO did so while
+others took at least `gate.busy_cores_limit` of our cores, the step raises GateInconclusive
+instead of GateFailed (no refusal; a re-run can pass). A level that met its SLOs passed,
+whatever the load; one that broke an SLO on a quiet machine fails the gate.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from aieng_core.config import AiengConfig
-from aieng_core.gate.report import GateFailed
+from aieng_core.gate.busy import CpuShare, LevelLoad, cpu_share, excused, gate_sampler, judge
+from aieng_core.gate.report import GateFailed, GateInconclusive
 
 POISSON_SEED = 7  # the same arrival offsets in every gate run
 WARMUP_NEW_TOKENS = 2
@@ -188,7 +195,12 @@ def stress_step(
     log_path = work_dir / "stress-server.log"
     server = ServerProcess(bundle_path, log_path, server_env(home, config_path))
     figures["server"] = {"log": str(log_path)}
+    share = cpu_share()
+    figures["cpu"] = {"cpus": share.cpus, "cores": share.cores, "busy_cores_limit": gate.busy_cores_limit}
     levels: dict[str, dict[str, Any]] = figures["levels"]
+    # Two windows: each level's, and all the levels' (sampled while the server runs: the CPU of a
+    # process that ended within a window would read as another's).
+    per_level, whole = gate_sampler(lambda: [server.pid]), gate_sampler(lambda: [server.pid])
     try:
         with server:
             figures["server"]["ready_seconds"] = server.ready_seconds
@@ -209,11 +221,18 @@ def stress_step(
                 )
                 for rate in gate.poisson_rates
             ]
+            whole.sample()
             for name, kind, load, run in runs:
+                per_level.sample()  # the window between levels is not this level's
                 started = time.perf_counter()
                 records = run()
+                use = per_level.sample()
                 levels[name] = level_figures(kind, load, records, len(requests), slo_ms)
                 levels[name]["wall_seconds"] = time.perf_counter() - started
+                levels[name]["others_cores"] = None if use is None else use.others_cores
+                levels[name]["ours_cores"] = None if use is None else use.ours_cores
+            use = whole.sample()
+            figures["cpu"]["others_cores"] = None if use is None else use.others_cores
         figures["server"]["exit_code"] = server.stop()
     except RuntimeError as exc:  # the server never became ready, or exited
         figures["server"]["exit_code"] = server.stop()
@@ -223,21 +242,52 @@ def stress_step(
     finally:
         server.stop()
 
-    violations = [v for name, level in levels.items() for v in slo_violations(name, level, config)]
+    by_level = {name: slo_violations(name, level, config) for name, level in levels.items()}
+    loads = [
+        LevelLoad(name, tuple(v["figure"].removeprefix(f"{name}.") for v in found), levels[name]["others_cores"])
+        for name, found in by_level.items()
+    ]
     if figures["server"]["exit_code"] != 0:
-        violations.append(
+        by_level["server"] = [
             {
                 "figure": "server.exit_code",
                 "value": figures["server"]["exit_code"],
                 "limit": 0,
                 "reason": f"the server did not drain and exit 0 after SIGTERM (log: {log_path})",
             }
-        )
+        ]
+        loads.append(LevelLoad("server", ("exit_code",), None))  # no load excuses it
+    violations = [v for found in by_level.values() for v in found]
     figures["violations"] = violations
-    if violations:
-        first = violations[0]
-        more = f" ({len(violations) - 1} more violations in the report)" if len(violations) > 1 else ""
-        raise GateFailed(
-            "stress", first["figure"], first["reason"] + more, first["value"], first["limit"], figures=figures
+    figures["outcome"] = outcome = judge(loads, share, gate.busy_cores_limit)
+    if outcome == "passed":
+        return figures
+    more = f" ({len(violations) - 1} more violations in the report)" if len(violations) > 1 else ""
+    if outcome == "inconclusive":
+        broken = [load for load in loads if load.broken]
+        first = by_level[broken[0].name][0]
+        raise GateInconclusive(
+            "stress",
+            first["figure"],
+            _busy_reason(broken, first, share, gate.busy_cores_limit),
+            first["value"],
+            first["limit"],
+            figures=figures,
         )
-    return figures
+    # The first violation at a level the machine does not excuse: the one that refuses the bundle.
+    quiet = next(load for load in loads if load.broken and not excused(load, share, gate.busy_cores_limit))
+    first = by_level[quiet.name][0]
+    raise GateFailed("stress", first["figure"], first["reason"] + more, first["value"], first["limit"], figures=figures)
+
+
+def _busy_reason(broken: list[LevelLoad], first: dict[str, Any], share: CpuShare, limit: float) -> str:
+    """GateInconclusive's reason: `the machine was busy (other processes took 1.02 of 2 cores
+    during concurrency=8; there concurrency=8.good_fraction = 0.7812, limit 0.9): …`."""
+    level = broken[0]
+    taken = share.taken(level.others_cores or 0.0)  # measured: an unmeasured level is never excused
+    more = f"; {len(broken) - 1} more levels broke SLOs while it was busy" if len(broken) > 1 else ""
+    return (
+        f"the machine was busy (other processes took {taken:.2f} of {share.cores} cores during {level.name}; "
+        f"there {first['figure']} = {first['value']:.4g}, limit {first['limit']:.4g}{more}): the stress step's "
+        f"SLOs say nothing of the bundle then (gate.busy_cores_limit {limit:g}); a re-run can pass"
+    )

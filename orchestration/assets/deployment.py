@@ -3,7 +3,11 @@
 The asset calls aieng_core.gate.run_gate on the current serving_bundle (verify, warmup,
 compare, stress test, rollback drill on the drill pointer, promote) and turns the gate report into
 metadata. A failed gate raises dg.Failure naming the step and the figure, with production
-left serving what it served. A bundle production already serves is not gated again, and a
+left serving what it served. An inconclusive gate (the machine was too busy for the stress
+step's SLOs to say anything of the bundle: aieng_core/gate/busy.py) refuses nothing: the step
+asks Dagster to run it again (dg.RetryRequested, `gate.busy_retries` times,
+`gate.busy_retry_seconds` apart), and after the last retry fails with a description starting
+`inconclusive:` and metadata `outcome: inconclusive`. A bundle production already serves is not gated again, and a
 bundle a rollback withdrew is refused (dg.Failure naming the rollback) unless the run carries
 the tag `aieng/allow_withdrawn=true` (the promote records the override in the history).
 
@@ -23,7 +27,7 @@ from aieng_core import asset_keys
 from aieng_core.deploy.deployments import DeploymentError, Deployments
 from aieng_core.deploy.withdrawn import BundleWithdrawn, withdrawn_refusal
 from aieng_core.gate import production_deployment as gate_core
-from aieng_core.gate.report import step_headline
+from aieng_core.gate.report import GateInconclusive, step_headline
 from aieng_core.store.pointers import PRODUCTION
 from orchestration.assets.serving import serving_bundle
 from orchestration.partitions import single_run
@@ -62,11 +66,12 @@ def _get(figures: dict[str, Any], path: str | tuple[str, ...]) -> Any:
     return value
 
 
-def steps_table(steps: list[dict[str, Any]]) -> str:
-    """One row per step run: passed, seconds, what it found (the gate's own headline)."""
+def steps_table(steps: list[dict[str, Any]], stopped: str = "failed: see failed_figure") -> str:
+    """One row per step run: passed, seconds, what it found (the gate's own headline); `stopped`
+    for the step that stopped the gate."""
     rows = ["| step | passed | seconds | found |", "|---|---|---|---|"]
     for step in steps:
-        found = step_headline(step["name"], step["figures"]) if step["passed"] else "failed: see failed_figure"
+        found = step_headline(step["name"], step["figures"]) if step["passed"] else stopped
         rows.append(f"| {step['name']} | {step['passed']} | {step['seconds']:.2f} | {_cell(found)} |")
     return "\n".join(rows)
 
@@ -166,11 +171,19 @@ def refused_verdict(message: str) -> str:
     return one_line(re.sub(r"^gate failed at ", "refused at ", message))
 
 
+def inconclusive(report: dict[str, Any]) -> bool:
+    """The gate decided nothing (a busy machine): no refusal. Reports written before the gate
+    said so have no `outcome`: they are failed or passed."""
+    return report.get("outcome") == "inconclusive"
+
+
 def verdict(report: dict[str, Any]) -> str:
-    """What the gate decided, in one line: promoted (to which sequence) or refused (where, why)."""
+    """What the gate decided, in one line: promoted (to which sequence), refused (where, why), or
+    nothing (inconclusive: GateInconclusive's message, `inconclusive: the machine was busy (…)…`)."""
     failure, event = report.get("failure"), report.get("event")
     if isinstance(failure, dict) and failure.get("message"):
-        return refused_verdict(str(failure["message"]))
+        message = str(failure["message"])
+        return one_line(message) if inconclusive(report) else refused_verdict(message)
     if report.get("passed") and isinstance(event, dict):
         was = event["from"] or "none"
         return one_line(f"promoted {report['bundle_id']} to production (sequence {event['sequence']}, was {was})")
@@ -189,7 +202,9 @@ def report_metadata(report: dict[str, Any]) -> dict[str, Any]:
         "verdict": verdict(report),
         "bundle_id": report["bundle_id"],
         **{key: value for key, value in step_rows.items() if _number(value)},
-        "gate_steps": dg.MetadataValue.md(steps_table(steps)),
+        "gate_steps": dg.MetadataValue.md(
+            steps_table(steps, "inconclusive: see verdict") if inconclusive(report) else steps_table(steps)
+        ),
         **{key: value for key, value in step_rows.items() if not _number(value)},
         "figures": dg.MetadataValue.json({step["name"]: step["figures"] for step in steps}),
         "gate_report": dg.MetadataValue.path(report["path"]),
@@ -207,6 +222,39 @@ def promoted_metadata(report: dict[str, Any]) -> dict[str, Any]:
         "previous_bundle_id": event["from"] or "none",
         "history_event": dg.MetadataValue.json({k: v for k, v in event.items() if k != "figures"}),
     }
+
+
+def inconclusive_end(
+    context: dg.AssetExecutionContext, undecided: GateInconclusive, retries: int, wait_s: float
+) -> dg.RetryRequested | dg.Failure:
+    """How a run ends a gate a busy machine left undecided: never as a refusal. While retries are
+    left, a step retry (the whole gate again, `wait_s` later: the load may have passed; the
+    sensor's run key is the bundle id, so no later run would be requested for it); after the
+    last, a failure whose description starts `inconclusive:`, with the report's metadata."""
+    attempt = context.retry_number
+    if attempt < retries:
+        context.log.warning(
+            f"{undecided}; production unchanged; the gate runs again in {wait_s:g} s (retry {attempt + 1} of "
+            f"{retries}: gate.busy_retries)"
+        )
+        return dg.RetryRequested(max_retries=retries, seconds_to_wait=wait_s)
+    metadata: dict[str, Any] = {
+        "verdict": one_line(str(undecided)),
+        "outcome": "inconclusive",
+        "inconclusive_step": undecided.step,
+        "broken_figure": undecided.figure,
+        "reason": dg.MetadataValue.text(undecided.reason),
+        "attempts": attempt + 1,
+    }
+    if undecided.report is not None:
+        metadata.update(report_metadata(undecided.report.as_dict()))
+    tried = f"after {attempt + 1} attempts" if attempt else "with no retry left (gate.busy_retries 0)"
+    return dg.Failure(
+        description=f"{undecided}; production unchanged, the bundle not refused; {tried}: re-execute this run or "
+        "run `aieng deploy gate` when the machine is quieter",
+        metadata=metadata,
+        allow_retries=False,
+    )
 
 
 def withdrawn_failure(bundle_id: str, event: dict[str, Any]) -> dg.Failure:
@@ -242,7 +290,9 @@ def withdrawn_failure(bundle_id: str, event: dict[str, Any]) -> dg.Failure:
         "`aieng serve` (closed loop at gate.concurrencies, Poisson at gate.poisson_rates; P99 TTFT and E2EL "
         "SLOs, goodput floor, no error), rollback drill on the drill pointer under traffic (goldens after every "
         "switch, time to rollback), then the atomic promote on production with every figure in its history "
-        "line. A failed gate leaves production serving what it served. A bundle a rollback withdrew is "
+        "line. A failed gate leaves production serving what it served. A stress SLO broken only while other "
+        "processes took the CPU (gate.busy_cores_limit) is inconclusive, not a refusal: the gate runs again "
+        "(gate.busy_retries), then the run fails as inconclusive. A bundle a rollback withdrew is "
         f"refused, naming the rollback, unless the run has the tag {ALLOW_WITHDRAWN_TAG}=true. A promote or "
         "rollback made with `aieng deploy` is recorded here too (a runless materialization: by the CLI when "
         "AIENG_DAGSTER_URL names the webserver, else by deployment_pointer_sensor), so the latest "
@@ -297,9 +347,13 @@ def production_deployment(context: dg.AssetExecutionContext, aieng: AiengResourc
         )
     except BundleWithdrawn as refusal:  # withdrawn by a rollback made since the check above
         raise withdrawn_failure(refusal.bundle_id, refusal.event) from None
+    except GateInconclusive as undecided:  # before GateFailed: it is one, but refuses nothing
+        gate = aieng.settings().gate
+        raise inconclusive_end(context, undecided, gate.busy_retries, gate.busy_retry_seconds) from None
     except GateFailed as failure:
         metadata: dict[str, Any] = {
             "verdict": refused_verdict(str(failure)),
+            "outcome": "failed",
             "failed_step": failure.step,
             "failed_figure": failure.figure,
             "value": dg.MetadataValue.text(str(failure.value)),

@@ -4,7 +4,9 @@ The bundled tiny home (tests/bundle_fixtures.py) is copied; serving_bundle (reus
 production_deployment are materialized, which runs the whole gate for real (tests/core/gate
 covers its steps); the sensor is evaluated against the instance's real serving_bundle
 materializations; a second bundle (other serving limits) and an impossible SLO show a failed
-gate as a failed run that names the step and the figure, production left as it was.
+gate as a failed run that names the step and the figure, production left as it was; the same
+SLO on a machine the gate is told is busy (`gate.busy_cores_limit: 0`) shows an inconclusive
+gate retried by Dagster, then ending the run as inconclusive, and the bundle gated normally after.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import yaml
 
 from aieng_core.config import ConfigError, load_config
 from aieng_core.deploy.deployments import Deployments
-from aieng_core.gate import DRILL_POINTER, read_report
+from aieng_core.gate import DRILL_POINTER, read_report, reports_dir
 from aieng_core.gate.report import STEPS, step_headline
 from orchestration.assets.benchmark import benchmark_report
 from orchestration.assets.data import clean_documents, raw_documents
@@ -80,6 +82,7 @@ class Chain:
     bundle_b: str
     gated: dg.ExecuteInProcessResult
     again: dg.ExecuteInProcessResult
+    busy: dg.ExecuteInProcessResult
     refused: dg.ExecuteInProcessResult
     # Sensor evaluations: (run keys, cursor) in the order they were made.
     first_tick: tuple[list[dg.RunRequest], str | None]
@@ -98,7 +101,17 @@ def chain(serving_bundle_artifact, tmp_path_factory: pytest.TempPathFactory) -> 
     home = root / "aieng-home"
     shutil.copytree(serving_bundle_artifact.home, home)
     other = write_config(root, "max-batch-8", bundle={"max_batch": 8})
-    impossible = write_config(root, "impossible", bundle={"max_batch": 8}, gate={"slo_ttft_p99_ms": 0.001})
+    # A failure however busy the machine is (busy_cores_limit beyond any machine's cores)...
+    impossible = write_config(
+        root, "impossible", bundle={"max_batch": 8}, gate={"slo_ttft_p99_ms": 0.001, "busy_cores_limit": 1000}
+    )
+    # ...and inconclusive whatever the load (any measured load is enough), retried once at once. One
+    # stress level (48 requests: longer than a CPU sampling window) and one compare round keep its
+    # two gates short.
+    busy_gate = {"slo_ttft_p99_ms": 0.001, "busy_cores_limit": 0, "busy_retries": 1, "busy_retry_seconds": 0}
+    busy_gate |= {"concurrencies": [1], "poisson_rates": [], "requests_per_level": 48}
+    busy_gate |= {"compare_rounds": 1, "compare_max_rounds": 1}
+    busy = write_config(root, "busy", bundle={"max_batch": 8}, gate=busy_gate)
     with dg.instance_for_test() as instance:
 
         def materialize(selection: list[Any], config: Path = TINY_CONFIG, **kwargs: Any) -> Any:
@@ -118,6 +131,7 @@ def chain(serving_bundle_artifact, tmp_path_factory: pytest.TempPathFactory) -> 
         second_tick = evaluate(instance, reused_tick[1], home)
         bundle_b = second_tick[0][0].run_key if second_tick[0] else ""
         production_before_refusal = Deployments(home).status()
+        undecided = materialize([production_deployment], busy, raise_on_error=False)
         refused = materialize([production_deployment], impossible, raise_on_error=False)
         yield Chain(
             home,
@@ -125,6 +139,7 @@ def chain(serving_bundle_artifact, tmp_path_factory: pytest.TempPathFactory) -> 
             bundle_b,
             gated,
             again,
+            undecided,
             refused,
             first_tick,
             quiet_tick,
@@ -231,6 +246,34 @@ def test_a_failed_gate_fails_the_run_naming_step_and_figure(chain: Chain) -> Non
     assert Deployments(chain.home).status() == chain.production_before_refusal
     assert Deployments(chain.home).current()["bundle_id"] == chain.bundle_a
     assert [e["to"] for e in Deployments(chain.home, DRILL_POINTER).history()][-1] == chain.bundle_a
+
+
+def test_an_inconclusive_gate_is_retried_then_fails_as_inconclusive_not_refused(chain: Chain) -> None:
+    result = chain.busy
+    assert not result.success
+    kinds = [event.event_type_value for event in result.all_events if event.step_key == "production_deployment"]
+    assert kinds.count("STEP_UP_FOR_RETRY") == 1 and kinds.count("STEP_RESTARTED") == 1  # gate.busy_retries 1
+    [failure] = result.get_step_failure_events()
+    data = failure.step_failure_data.user_failure_data
+    assert data.description.startswith("inconclusive: the machine was busy (other processes took ")
+    assert "production unchanged, the bundle not refused; after 2 attempts" in data.description
+    values = {key: value.value for key, value in data.metadata.items()}
+    assert list(values)[:2] == ["verdict", "outcome"]
+    assert values["verdict"].startswith("inconclusive: the machine was busy (") and len(values["verdict"]) <= 120
+    assert (values["outcome"], values["inconclusive_step"], values["attempts"]) == ("inconclusive", "stress", 2)
+    assert values["broken_figure"] == "concurrency=1.ttft_ms.p99" and values["bundle_id"] == chain.bundle_b
+    last = values["gate_steps"].splitlines()[-1]
+    assert last.startswith("| stress | False | ") and last.endswith(" | inconclusive: see verdict |")
+    # Each attempt gated the bundle from the start and wrote its report, inconclusive.
+    reports = [read_report(path) for path in reports_dir(chain.home).glob(f"*-{result.run_id}.json")]
+    assert [r["outcome"] for r in reports] == ["inconclusive", "inconclusive"]
+    assert all([s["name"] for s in r["steps"]] == list(STEPS[:5]) for r in reports)
+    # Production unchanged; the next run gates the same bundle normally (here: to a real refusal).
+    assert Deployments(chain.home).status()["sequence"] == chain.production_before_refusal["sequence"]
+    [refusal] = chain.refused.get_step_failure_events()
+    refused = {key: value.value for key, value in refusal.step_failure_data.user_failure_data.metadata.items()}
+    assert (refused["outcome"], refused["failed_step"]) == ("failed", "stress")
+    assert [s["name"] for s in read_report(Path(refused["gate_report"]))["steps"]] == list(STEPS[:5])
 
 
 def test_the_retrain_job_is_everything_from_the_dataset_manifest_to_the_bundle() -> None:

@@ -122,6 +122,22 @@ def test_a_refusal_is_one_line_naming_step_and_figure() -> None:
     assert len(line) == VERDICT_CHARS and line.endswith("…") and "\n" not in line
 
 
+def test_an_inconclusive_report_says_so_and_refuses_nothing() -> None:
+    message = (
+        "inconclusive: the machine was busy (other processes took 1.02 of 2 cores during concurrency=8; there "
+        "concurrency=8.good_fraction = 0.7812, limit 0.9): the stress step's SLOs say nothing of the bundle then"
+    )
+    failure = {"message": message, "outcome": "inconclusive"}
+    made = report(("stress", False, {})) | {"passed": False, "outcome": "inconclusive", "failure": failure}
+    metadata = report_metadata(made)
+    assert metadata["verdict"] == message[: VERDICT_CHARS - 1] + "…"
+    assert metadata["gate_steps"].value.splitlines()[-1] == "| stress | False | 1.50 | inconclusive: see verdict |"
+    # The same failure, failed: a refusal.
+    failed = made | {"outcome": "failed", "failure": {"message": "gate failed at stress: x = 1 (limit 0): y"}}
+    assert report_metadata(failed)["verdict"] == "refused at stress: x = 1 (limit 0): y"
+    assert report_metadata(failed)["gate_steps"].value.endswith("| failed: see failed_figure |")
+
+
 def test_an_unfinished_report_says_so() -> None:
     assert report_metadata(report(("verify", True, {})))["verdict"] == "not decided: the gate did not finish"
 
