@@ -17,8 +17,10 @@ Figures (goals from issue 8): (1) single-stream tokens/s, ours vs transformers `
 `aieng serve` with mixed output lengths vs transformers one request at a time, transformers'
 static batching and CTranslate2's in-process batch; (4) serving metrics (TTFT, TPOT, ITL,
 E2EL, throughput, goodput; aieng_core/loadgen/stats.py) at several concurrencies and Poisson rates;
-(5) achieved FLOP/s at batch 64 as a fraction of this machine's torch.matmul peak. A profile
-of our decode step (serving_profile.py) says what bounds each figure.
+(5) achieved FLOP/s at batch 64 as a fraction of this machine's torch.matmul peak; (6) the
+contention workload (issue 39, serving_contention.py): the server, its spin-waiting baseline
+and CTranslate2 alone and beside one busy process, in rounds of their own. A profile of our
+decode step (serving_profile.py) says what bounds each figure.
 
 The config comes from `config`, else $AIENG_CONFIG, else configs/pipeline.yaml; `quick`
 shrinks every workload (one round, a few tokens) for a seconds-fast smoke test.
@@ -45,8 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from aieng_core.bench.serving_format import format_serving_results
-from aieng_core.bench.serving_plan import FULL, PEERS, QUICK, SEED, prepare
-from aieng_core.bench.serving_report import GOALS, build_report
+from aieng_core.bench.serving_plan import CONTENTION_PEERS, FULL, PEERS, QUICK, SEED, prepare
+from aieng_core.bench.serving_report import GOALS, build_report, contention_figures
 from aieng_core.bench.serving_rounds import run_rounds, run_worker
 from aieng_core.config import load_config, resolve_config_path
 from aieng_core.output import write_results
@@ -54,11 +56,18 @@ from aieng_core.output import write_results
 __all__ = ["GOALS", "format_serving_results", "main", "run_serving_bench"]
 
 
+WORKLOADS = ("all", "contention")
+
+
 def run_serving_bench(
-    out: str | None = None, config: str | None = None, quick: bool = False, rounds: int = 3
+    out: str | None = None, config: str | None = None, quick: bool = False, rounds: int = 3, workload: str = "all"
 ) -> dict[str, Any]:
+    """Every workload, or with `workload` "contention" only the contention workload (its own
+    goals; the CTranslate2 conversion it needs runs first all the same)."""
     if rounds < 1:
         raise ValueError("rounds must be at least 1")
+    if workload not in WORKLOADS:
+        raise ValueError(f"workload {workload!r}: choose one of {', '.join(WORKLOADS)}")
     import torch
 
     settings = load_config(config)
@@ -78,9 +87,16 @@ def run_serving_bench(
             return run_worker(name, plan_path, env, sizes.worker_timeout_s)
 
         conversion = worker("convert")
+        if workload == "contention":
+            contention_records = run_rounds(CONTENTION_PEERS, rounds, worker)
+            figures, goals = contention_figures(plan, contention_records)
+            return _contention_results(
+                out, quick, started, rounds, sizes, plan, conversion, figures, goals, contention_records
+            )
         round_records = run_rounds(PEERS, rounds, worker)
+        contention_records = run_rounds(CONTENTION_PEERS, rounds, worker)
         profile = worker("profile")
-        report = build_report(plan, round_records, profile)
+        report = build_report(plan, round_records, profile, contention_records)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -126,6 +142,43 @@ def run_serving_bench(
         **report,
         "profile": profile,
         "rounds": round_records,
+        "contention_rounds": contention_records,
+    }
+    write_results(out, results)
+    return results
+
+
+def _contention_results(
+    out: str | None,
+    quick: bool,
+    started: dt.datetime,
+    rounds: int,
+    sizes: Any,
+    plan: dict[str, Any],
+    conversion: dict[str, Any],
+    contention: dict[str, Any],
+    goals: dict[str, Any],
+    records: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """`--workload contention`'s results: the contention section and its goals alone."""
+    results: dict[str, Any] = {
+        "suite": "serving",
+        "workload": "contention",
+        "quick": quick,
+        "created_at": started.isoformat(timespec="seconds"),
+        "seconds": (dt.datetime.now(dt.UTC) - started).total_seconds(),
+        "machine": {"cpus": os.cpu_count(), "threads": sizes.threads, "load_average_at_end": list(os.getloadavg())},
+        "method": {
+            "peers": "each in a fresh process; order alternated each round; median and spread (min..max)",
+            "rounds": rounds,
+            "orders": [record["order"] for record in records],
+            "ctranslate2_conversion": {**conversion, "process": "its own, before any measurement"},
+        },
+        "model": {"parameters": plan["parameters"], "config": plan["model_config"], "bundle_id": plan["bundle_id"]},
+        "figures": {"contention": contention},
+        "goals": goals,
+        "bounds": [],
+        "contention_rounds": records,
     }
     write_results(out, results)
     return results
@@ -142,7 +195,7 @@ def _version(module: str) -> str | None:
 
 # ---- worker entry point -----------------------------------------------------------------------
 def _workers() -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
-    from aieng_core.bench import serving_profile, serving_workers
+    from aieng_core.bench import serving_contention, serving_profile, serving_workers
 
     return {
         "convert": serving_workers.convert,
@@ -153,13 +206,14 @@ def _workers() -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
         "ctranslate2_int8": serving_workers.ctranslate2_int8,
         "http": serving_workers.http,
         "profile": serving_profile.profile,
+        **serving_contention.contention_workers(),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     """One worker of the serving benchmark (run by run_serving_bench in a fresh process)."""
     parser = argparse.ArgumentParser(prog="python -m aieng_core.bench.serving_bench")
-    parser.add_argument("--worker", required=True, choices=("convert", *PEERS, "profile"))
+    parser.add_argument("--worker", required=True, choices=("convert", *PEERS, *CONTENTION_PEERS, "profile"))
     parser.add_argument("plan", type=Path, help="plan.json written by run_serving_bench")
     args = parser.parse_args(argv)
     plan = json.loads(args.plan.read_text(encoding="utf-8"))

@@ -9,8 +9,57 @@ def _fig(figure: dict[str, Any], unit: str = "tok/s") -> str:
     return f"{figure['median']:,.0f} {unit} ({figure['min']:,.0f}-{figure['max']:,.0f})"
 
 
+def _contention_lines(contention: dict[str, Any]) -> list[str]:
+    """Each peer alone and beside one busy process: tok/s alone / busy (busy over alone)."""
+    lines = []
+    for label, workload, ct2_workload in (
+        ("16 clients", "mixed_16_clients", "mixed_batch_16"),
+        ("single stream", "single_stream", "single_stream"),
+    ):
+        peers = [
+            (
+                name,
+                contention[peer]["alone"][key],
+                contention[peer]["busy"][key],
+                contention[peer]["busy_over_alone"][key],
+            )
+            for name, peer, key in (
+                ("ours", "ours", workload),
+                ("spin-waiting baseline", "baseline", workload),
+                ("CTranslate2", "ctranslate2", ct2_workload),
+            )
+        ]
+        lines.append(
+            f"contention {label:<14}alone / beside a busy process: "
+            + " | ".join(f"{name} {_fig(alone)} / {_fig(busy)} ({ratio:.2f})" for name, alone, busy, ratio in peers)
+        )
+    rounds = " | ".join(
+        f"{peer} {condition} {contention[peer][condition]['first_over_third']:.2f} "
+        f"(engine threads at end {contention[peer][condition]['engine_threads_at_end']['median']:.0f})"
+        for peer in ("ours", "baseline")
+        for condition in ("alone", "busy")
+    )
+    lines.append(f"contention first round after ready / third: {rounds}")
+    return lines
+
+
+def _goal_lines(results: dict[str, Any]) -> list[str]:
+    lines = ["goals:"]
+    for name, goal in results["goals"].items():
+        lines.append(
+            f"  {name:<52} {goal['ratio']:>7.2f} (target {goal['comparison']} {goal['target']}) "
+            f"{'met' if goal['met'] else 'MISSED'}"
+        )
+    if results["bounds"]:
+        lines.append("bounds:")
+        lines.extend(f"  - {note}" for note in results["bounds"])
+    return lines
+
+
 def format_serving_results(results: dict[str, Any]) -> str:
-    figures, goals = results["figures"], results["goals"]
+    figures = results["figures"]
+    if results.get("workload") == "contention":
+        return "\n".join([*_contention_lines(figures["contention"]), *_goal_lines(results)])
     rounds = results["method"]["rounds"]
     load = results["machine"]["load_average_at_start"]
     single = figures["single_stream"]
@@ -47,12 +96,5 @@ def format_serving_results(results: dict[str, Any]) -> str:
         f"FLOP/s batch 64  {flops['achieved_gflops']['median']:.1f} GFLOP/s of a "
         f"{flops['matmul_peak_gflops']['median']:.0f} GFLOP/s matmul peak ({flops['fraction_of_peak']['median']:.0%})"
     )
-    lines.append("goals:")
-    for name, goal in goals.items():
-        lines.append(
-            f"  {name:<48} {goal['ratio']:>7.2f} (target >= {goal['target']}) {'met' if goal['met'] else 'MISSED'}"
-        )
-    if results["bounds"]:
-        lines.append("bounds:")
-        lines.extend(f"  - {note}" for note in results["bounds"])
-    return "\n".join(lines)
+    lines.extend(_contention_lines(figures["contention"]))
+    return "\n".join([*lines, *_goal_lines(results)])

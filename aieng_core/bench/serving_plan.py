@@ -19,12 +19,19 @@ import yaml
 
 from aieng_core import asset_keys
 from aieng_core.config import AiengConfig, load_config
+from aieng_core.loadgen.http_load import REQUEST_TIMEOUT_S
 
 SEED = 1234  # the random weights
 POISSON_SEED = 7
 # The int8 peers run the single-stream and batch workloads: ours on the int8 variant of the same
 # weights (model/int8_weights.py), CTranslate2 with compute_type int8 on the same conversion.
 PEERS = ("ours", "transformers", "ctranslate2", "ours_int8", "ctranslate2_int8", "http")
+# The contention workload (serving_contention.py): our server, the spin-waiting baseline server
+# (serving.adapt_threads false) and CTranslate2, each alone and beside one busy process, each
+# condition a fresh process of its own, in rounds of their own.
+CONTENTION_PEERS = tuple(
+    f"contention_{peer}_{condition}" for peer in ("ours", "baseline", "ctranslate2") for condition in ("alone", "busy")
+)
 
 # SLOs for goodput: an interactive stream (first token within half a second, then at least
 # 20 tokens/s, a fast reader's pace several times over).
@@ -163,6 +170,9 @@ def _bundle(store: Any, model: Any, settings: AiengConfig, sizes: Sizes) -> Any:
     # with the whole sweep allowed to wait (twice over: no 429 in a benchmark), and no prefix
     # cache: every HTTP workload is warmed up with its own prompts first, which a cache would
     # answer from memory where the in-process peers prefill (`aieng bench prefix` measures it).
+    # No 504 either: beside a busy process the spin-waiting baseline (the contention workload)
+    # may run a hundred times slower, and its 16 requests then take most of a minute; the load
+    # client gives each request REQUEST_TIMEOUT_S.
     recipe = settings.bundle.model_copy(
         update={"max_batch": max(settings.bundle.max_batch, *sizes.batches, *sizes.concurrencies)}
     )
@@ -171,6 +181,7 @@ def _bundle(store: Any, model: Any, settings: AiengConfig, sizes: Sizes) -> Any:
             "max_waiting": max(
                 settings.serving.max_waiting, 2 * max(*sizes.requests_per_concurrency, sizes.poisson_requests)
             ),
+            "request_timeout_s": max(settings.serving.request_timeout_s, REQUEST_TIMEOUT_S),
             "threads": sizes.threads,
             "device": "cpu",
             "prefix_cache_tokens": 0,
@@ -187,6 +198,18 @@ def _bundle(store: Any, model: Any, settings: AiengConfig, sizes: Sizes) -> Any:
     return bundle, recipe, serving
 
 
+def _server_config(path: Path, settings: AiengConfig, recipe: Any, serving: Any) -> Path:
+    """The configured file with the bench's bundle recipe and this serving section, at `path`."""
+    config = {
+        **settings.model_dump(mode="json"),
+        "bundle": recipe.model_dump(mode="json"),
+        "serving": serving.model_dump(mode="json"),
+    }
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    load_config(path)  # the file must load as any config does
+    return path
+
+
 def prepare(work: Path, settings: AiengConfig, sizes: Sizes) -> dict[str, Any]:
     from aieng_core.data.demo_data import corpus
     from aieng_core.store import ArtifactStore
@@ -199,18 +222,11 @@ def prepare(work: Path, settings: AiengConfig, sizes: Sizes) -> dict[str, Any]:
     bundle, recipe, serving = _bundle(store, model, settings, sizes)
     # The server takes its behaviour under load (max_waiting, timeouts, threads) from its
     # config, not from the bundle: it gets the configured file with this serving section.
-    server_config = work / "server-config.yaml"
-    server_config.write_text(
-        yaml.safe_dump(
-            {
-                **settings.model_dump(mode="json"),
-                "bundle": recipe.model_dump(mode="json"),
-                "serving": serving.model_dump(mode="json"),
-            }
-        ),
-        encoding="utf-8",
-    )
-    load_config(server_config)  # the file must load as any config does
+    server_config = _server_config(work / "server-config.yaml", settings, recipe, serving)
+    # The contention workload's baseline: the same server stepping at serving.threads always,
+    # whatever other processes take (serving.adapt_threads false), as it did before it adapted.
+    baseline_serving = serving.model_copy(update={"adapt_threads": False, "threads": sizes.threads})
+    baseline_config = _server_config(work / "server-config-baseline.yaml", settings, recipe, baseline_serving)
     eos = special_token_id(tokenizer, settings.tokenizer.eos_token)
     context = recipe.max_context
 
@@ -261,6 +277,10 @@ def prepare(work: Path, settings: AiengConfig, sizes: Sizes) -> dict[str, Any]:
         "slo_ms": SLO_MS,
         "matmul_sizes": list(sizes.matmul_sizes),
         "profile_batches": list(sizes.profile_batches),
+        "contention_servers": {
+            "ours": {"config": str(server_config), "adapt_threads": serving.adapt_threads, "threads": serving.threads},
+            "baseline": {"config": str(baseline_config), "adapt_threads": False, "threads": sizes.threads},
+        },
         "server_env": {
             "AIENG_HOME": str(home),
             "AIENG_CONFIG": str(server_config),

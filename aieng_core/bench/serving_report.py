@@ -1,6 +1,7 @@
 """The serving benchmark's report: rounds of worker results into figures (the median of the
 rounds with their spread, min..max), goals (ratios of medians against their targets) and the
-bounds that say what limits each missed goal (from the profile of our decode step).
+bounds that say what limits each missed goal (from the profile of our decode step). The
+contention workload's rounds (serving_contention.py) make a section of their own.
 """
 
 from __future__ import annotations
@@ -27,7 +28,16 @@ GOALS = {
     "http_64_clients_vs_in_process": 0.9,
     # bundle.weights int8: our int8 variant against CTranslate2's int8, same weights, batch 64.
     "int8_batch_64_vs_ctranslate2_int8": 1.0,
+    # Issue 39, the contention workload: our server beside one busy process against the same
+    # server alone, and alone against the spin-waiting build it replaced (serving.adapt_threads off).
+    "contention_16_clients_busy_vs_alone": 0.5,
+    "contention_single_stream_busy_vs_alone": 0.4,
+    "contention_16_clients_alone_vs_spin_waiting_baseline": 0.95,
+    # At most: beside the busy process, the first round of 16 clients after ready over the third.
+    "contention_first_round_over_third_busy": 1.5,
 }
+# Goals met at or below their target; every other goal is met at or above it.
+AT_MOST_GOALS = frozenset({"contention_first_round_over_third_busy"})
 
 
 def spread(values: Sequence[float]) -> dict[str, Any]:
@@ -137,9 +147,111 @@ def int8_figures(plan: dict[str, Any], rounds: list[dict[str, Any]]) -> dict[str
     return figures
 
 
+def judged(name: str, ratio: float) -> dict[str, Any]:
+    """`ratio` against GOALS[name]: met at or above it (at or below it for AT_MOST_GOALS)."""
+    target, at_most = GOALS[name], name in AT_MOST_GOALS
+    met = ratio <= target if at_most else ratio >= target
+    return {"ratio": ratio, "target": target, "comparison": "<=" if at_most else ">=", "met": met}
+
+
 def goal(name: str, ours: float, peer: float) -> dict[str, Any]:
-    ratio = ours / peer
-    return {"ratio": ratio, "target": GOALS[name], "met": ratio >= GOALS[name]}
+    return judged(name, ours / peer)
+
+
+def _check_tokens(summaries: list[dict[str, Any]], asked: int, what: str) -> None:
+    got = [summary["output_tokens"] for summary in summaries]
+    if any(tokens != asked for tokens in got):
+        raise RuntimeError(f"contention {what}: {got} tokens where {asked} were asked for")
+
+
+def _served(summaries: list[dict[str, Any]], asked: int, what: str) -> dict[str, Any]:
+    """A server workload's tokens/s over the rounds; every round must have got the tokens asked for."""
+    _check_tokens(summaries, asked, what)
+    return {**spread([summary["output_throughput"] for summary in summaries]), "tokens": asked}
+
+
+def _busy_over_alone(figures: dict[str, Any], workloads: tuple[str, ...]) -> dict[str, float]:
+    return {name: figures["busy"][name]["median"] / figures["alone"][name]["median"] for name in workloads}
+
+
+def contention_figures(plan: dict[str, Any], rounds: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The contention workload's section and its goals: every figure's median and spread over
+    the rounds, each ratio one of medians from this run."""
+    mixed_asked = sum(row["max_new_tokens"] for row in plan["mixed"])
+    single_asked = sum(row["max_new_tokens"] for row in plan["single_stream_requests"])
+    section: dict[str, Any] = {
+        "unit": "generated tokens/s (only the tokens each request asked for); round times in seconds",
+        "method": "each peer alone and beside one busy process (`python -c 'while True: pass'`, started before the "
+        "peer, killed after it), each condition a fresh process, order alternated, median of the rounds. Servers: "
+        "right after ready, 3 rounds of the 16 mixed requests (16 clients, not streamed), then after a warmup the "
+        "16 clients again (mixed_16_clients) and the single-stream requests from one client, streamed; "
+        "baseline = the same server with serving.adapt_threads false. CTranslate2: its batch of the 16 mixed "
+        "requests and its single stream, in-process",
+        "max_new_tokens": [row["max_new_tokens"] for row in plan["mixed"]],
+        "single_stream_max_new_tokens": [row["max_new_tokens"] for row in plan["single_stream_requests"]],
+        "servers": plan["contention_servers"],
+    }
+    for server in ("ours", "baseline"):
+        conditions: dict[str, Any] = {}
+        for condition in ("alone", "busy"):
+            runs = [record[f"contention_{server}_{condition}"] for record in rounds]
+            for run in runs:
+                _check_tokens(run["first_rounds"], mixed_asked, f"{server} {condition} first rounds")
+            first = spread([run["first_rounds"][0]["duration_s"] for run in runs])
+            third = spread([run["first_rounds"][2]["duration_s"] for run in runs])
+            metrics = [run["metrics_at_end"] for run in runs]
+            conditions[condition] = {
+                "mixed_16_clients": _served([run["mixed_concurrent"] for run in runs], mixed_asked, server),
+                "single_stream": _served([run["single_stream"] for run in runs], single_asked, server),
+                "first_round_seconds": first,
+                "third_round_seconds": third,
+                "first_over_third": first["median"] / third["median"],
+                "engine_threads_at_end": spread([m["aieng_engine_threads"] for m in metrics]),
+                "other_processes_cores_at_end": spread([m["aieng_cpu_other_processes_cores"] for m in metrics]),
+                "ready_seconds": spread([run["ready_seconds"] for run in runs]),
+                "load_average_1min": spread([run["load_average_1min"] for run in runs]),
+            }
+            if condition == "busy":
+                conditions[condition]["busy_process_cores"] = spread([run["busy_process_cores"] for run in runs])
+        section[server] = {
+            **conditions,
+            "busy_over_alone": _busy_over_alone(conditions, ("mixed_16_clients", "single_stream")),
+        }
+    ctranslate2: dict[str, Any] = {
+        condition: {
+            "mixed_batch_16": peer_figure(rounds, f"contention_ctranslate2_{condition}", "mixed_batch"),
+            "single_stream": peer_figure(rounds, f"contention_ctranslate2_{condition}", "single_stream"),
+            "load_average_1min": spread(
+                [record[f"contention_ctranslate2_{condition}"]["load_average_1min"] for record in rounds]
+            ),
+        }
+        for condition in ("alone", "busy")
+    }
+    ctranslate2["busy"]["busy_process_cores"] = spread(
+        [record["contention_ctranslate2_busy"]["busy_process_cores"] for record in rounds]
+    )
+    # For comparison only (no goal): what the same busy process costs CTranslate2.
+    ctranslate2["busy_over_alone"] = _busy_over_alone(ctranslate2, ("mixed_batch_16", "single_stream"))
+    section["ctranslate2"] = ctranslate2
+    ours, baseline = section["ours"], section["baseline"]
+    goals = {
+        "contention_16_clients_busy_vs_alone": judged(
+            "contention_16_clients_busy_vs_alone", ours["busy_over_alone"]["mixed_16_clients"]
+        ),
+        "contention_single_stream_busy_vs_alone": judged(
+            "contention_single_stream_busy_vs_alone", ours["busy_over_alone"]["single_stream"]
+        ),
+        "contention_16_clients_alone_vs_spin_waiting_baseline": goal(
+            "contention_16_clients_alone_vs_spin_waiting_baseline",
+            ours["alone"]["mixed_16_clients"]["median"],
+            baseline["alone"]["mixed_16_clients"]["median"],
+        ),
+        "contention_first_round_over_third_busy": judged(
+            "contention_first_round_over_third_busy", ours["busy"]["first_over_third"]
+        ),
+    }
+    section["goals"] = goals
+    return section, goals
 
 
 def _flops(plan: dict[str, Any], rounds: list[dict[str, Any]], batch: int) -> dict[str, Any]:
@@ -252,7 +364,12 @@ def _bounds(figures: dict[str, Any], goals: dict[str, Any], profile: dict[str, A
     return notes
 
 
-def build_report(plan: dict[str, Any], rounds: list[dict[str, Any]], profile: dict[str, Any]) -> dict[str, Any]:
+def build_report(
+    plan: dict[str, Any],
+    rounds: list[dict[str, Any]],
+    profile: dict[str, Any],
+    contention_rounds: list[dict[str, Any]],
+) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     single = {peer: peer_figure(rounds, peer, "single_stream") for peer in ("ours", "transformers", "ctranslate2")}
     figures["single_stream"] = {
@@ -351,12 +468,9 @@ def build_report(plan: dict[str, Any], rounds: list[dict[str, Any]], profile: di
     )
     for name, figure in figures["http_vs_in_process"].items():
         if name in GOALS and "worse_ratio" in figure:
-            ratio = figure["worse_ratio"]["median"]
-            goals[name] = {"ratio": ratio, "target": GOALS[name], "met": ratio >= GOALS[name]}
+            goals[name] = judged(name, figure["worse_ratio"]["median"])
     fraction = figures["flops_at_batch_64"]["fraction_of_peak"]["median"]
-    goals["flops_fraction_of_matmul_peak_at_batch_64"] = {
-        "ratio": fraction,
-        "target": GOALS["flops_fraction_of_matmul_peak_at_batch_64"],
-        "met": fraction >= GOALS["flops_fraction_of_matmul_peak_at_batch_64"],
-    }
+    goals["flops_fraction_of_matmul_peak_at_batch_64"] = judged("flops_fraction_of_matmul_peak_at_batch_64", fraction)
+    figures["contention"], contention_goals = contention_figures(plan, contention_rounds)
+    goals |= contention_goals
     return {"figures": figures, "goals": goals, "bounds": _bounds(figures, goals, profile, peak)}

@@ -21,6 +21,9 @@ machine).
   HTTP (one client in turn; one client per prompt), streamed and not, then the
   serving-metrics sweep.
 
+The contention workload's workers (the server and CTranslate2 alone and beside a busy process)
+are in serving_contention.py; they share this module's helpers.
+
 Every engine generates exactly the planned number of tokens (ours: ignore_eos; transformers:
 no EOS token; CTranslate2: min_length = max_length) and each workload reports the tokens it
 actually got, so the report can check that every peer did the same work. Each workload runs
@@ -37,6 +40,10 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
+
+# A peer's generate(prompts, new_tokens) and generate_mixed(prompts, new_tokens_per_prompt).
+Generate = Callable[[list[list[int]], int], list[list[int]]]
+GenerateMixed = Callable[[list[list[int]], list[int]], list[list[int]]]
 
 MATMUL_REPEAT_SECONDS = 0.3  # per size: repeat until this much time has passed (at least 3 runs)
 WARMUP_NEW_TOKENS = 2  # a warmup runs each workload's prompts, batch shape and code paths, briefly
@@ -220,10 +227,11 @@ def transformers_peer(plan: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---- CTranslate2 --------------------------------------------------------------------------------
-def ctranslate2_peer(plan: dict[str, Any], compute_type: str = "float32") -> dict[str, Any]:
+def ctranslate2_generators(plan: dict[str, Any], compute_type: str = "float32") -> tuple[Any, Generate, GenerateMixed]:
+    """CTranslate2's Generator on the plan's conversion, with its generate(prompts, new_tokens) and
+    generate_mixed(prompts, lengths): one batch whose rows stop at their own lengths."""
     import ctranslate2
 
-    info = _prologue(plan)
     generator = ctranslate2.Generator(
         plan["ct2_dir"], device="cpu", compute_type=compute_type, intra_threads=plan["threads"], inter_threads=1
     )
@@ -251,6 +259,12 @@ def ctranslate2_peer(plan: dict[str, Any], compute_type: str = "float32") -> dic
     def mixed(prompts: list[list[int]], lengths: list[int]) -> list[list[int]]:
         return run(prompts, max(lengths), lengths)
 
+    return generator, run, mixed
+
+
+def ctranslate2_peer(plan: dict[str, Any], compute_type: str = "float32") -> dict[str, Any]:
+    info = _prologue(plan)
+    generator, run, mixed = ctranslate2_generators(plan, compute_type)
     workloads = _workloads(plan, run, mixed if compute_type == "float32" else None)
     return {**info, "compute_type": generator.compute_type, "workloads": workloads}
 
@@ -269,10 +283,29 @@ def convert(plan: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---- our engine over HTTP -------------------------------------------------------------------
-def _load_requests(rows: Sequence[dict[str, Any]]) -> list[Any]:
+def load_requests(rows: Sequence[dict[str, Any]]) -> list[Any]:
     from aieng_core.loadgen.http_load import LoadRequest
 
     return [LoadRequest(row["text"], len(row["ids"]), row["max_new_tokens"]) for row in rows]
+
+
+def measured_run(server: Any, run: Callable[[], list[Any]], slo: dict[str, float]) -> dict[str, Any]:
+    """run() against `server` (a ServerProcess): its summary (loadgen/stats.py) with the CPU
+    seconds the server and this process (the load client) took; any failed request fails it."""
+    from aieng_core.loadgen.stats import summarize
+
+    server_cpu, client_cpu = server.cpu_seconds(), time.process_time()
+    records = run()
+    summary = summarize(records, slo)
+    summary["server_cpu_seconds"] = server.cpu_seconds() - server_cpu
+    summary["client_cpu_seconds"] = time.process_time() - client_cpu
+    if summary["failed"]:
+        # The server's log first, the failure last: a caller shows the tail of this message.
+        raise RuntimeError(
+            f"server log tail:\n{server.log_tail(2000)}\n{summary['failed']} of {summary['requests']} "
+            f"requests failed: {summary['errors']}"
+        )
+    return summary
 
 
 def http(plan: dict[str, Any]) -> dict[str, Any]:
@@ -281,28 +314,17 @@ def http(plan: dict[str, Any]) -> dict[str, Any]:
 
     from aieng_core.loadgen.http_load import closed_loop, poisson
     from aieng_core.loadgen.server_process import ServerProcess
-    from aieng_core.loadgen.stats import RequestRecord, summarize
+    from aieng_core.loadgen.stats import RequestRecord
 
     info = {"pid": os.getpid(), "load_average_1min": os.getloadavg()[0]}
     slo = plan["slo_ms"]
-    mixed, sweep = _load_requests(plan["mixed"]), _load_requests(plan["sweep_requests"])
+    mixed, sweep = load_requests(plan["mixed"]), load_requests(plan["sweep_requests"])
     log_path = Path(plan["work_dir"]) / f"server-{os.getpid()}.log"
 
     with ServerProcess(Path(plan["bundle_dir"]), log_path, {**os.environ, **plan["server_env"]}) as server:
 
         def measured(run: Callable[[], list[RequestRecord]]) -> dict[str, Any]:
-            server_cpu, client_cpu = server.cpu_seconds(), time.process_time()
-            records = run()
-            summary = summarize(records, slo)
-            summary["server_cpu_seconds"] = server.cpu_seconds() - server_cpu
-            summary["client_cpu_seconds"] = time.process_time() - client_cpu
-            if summary["failed"]:
-                # The server's log first, the failure last: a caller shows the tail of this message.
-                raise RuntimeError(
-                    f"server log tail:\n{server.log_tail(2000)}\n{summary['failed']} of {summary['requests']} "
-                    f"requests failed: {summary['errors']}"
-                )
-            return summary
+            return measured_run(server, run, slo)
 
         # Warmup beyond the server's own: every prompt shape once, streamed and not.
         warm = [replace(r, max_tokens=WARMUP_NEW_TOKENS) for r in mixed]
@@ -314,7 +336,7 @@ def http(plan: dict[str, Any]) -> dict[str, Any]:
         figures["mixed_concurrent"] = measured(lambda: closed_loop(server.port, mixed, len(mixed), stream=False))
         # The in-process single-stream and largest-batch workloads, over HTTP: one client sending
         # the single-stream prompts one after another, and one client per prompt of the batch.
-        single, batch = _load_requests(plan["single_stream_requests"]), _load_requests(plan["largest_batch_requests"])
+        single, batch = load_requests(plan["single_stream_requests"]), load_requests(plan["largest_batch_requests"])
         figures["in_process_workloads"] = {
             f"{name}_{'stream' if stream else 'no_stream'}": measured(
                 partial(closed_loop, server.port, requests, concurrency, stream=stream)

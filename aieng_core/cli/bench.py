@@ -12,7 +12,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from aieng_core.bench.serving_bench import format_serving_results, run_serving_bench
 
         emit(
-            run_serving_bench(out=args.out, config=args.config, quick=args.quick, rounds=args.rounds),
+            run_serving_bench(
+                out=args.out, config=args.config, quick=args.quick, rounds=args.rounds, workload=args.workload
+            ),
             args.json,
             format_serving_results,
         )
@@ -66,6 +68,13 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     bench.add_argument("--steps", type=int, default=20, help="model: timed training steps per run (default 20)")
     bench.add_argument("--quick", action="store_true", help="serving, prefix: fewer rounds and requests (a smoke run)")
+    bench.add_argument(
+        "--workload",
+        choices=["all", "contention"],
+        default="all",
+        help="serving: every workload (default), or only the contention workload (the server, its spin-waiting "
+        "baseline and CTranslate2, alone and beside one busy process)",
+    )
     bench.add_argument("--out", help="also write the JSON results to this file")
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(handler=cmd_bench)

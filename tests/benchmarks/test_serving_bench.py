@@ -7,7 +7,8 @@ every figure's median and min..max spread, and every goal as a ratio of medians 
 to the exact number. The quick run (tiny config, one round, a few tokens) is a smoke test of
 how the figures are taken, not of their values (a test machine's load decides those): every
 peer in a fresh process of its own, the same work for every peer (equal token counts), a real
-server over HTTP, every figure a positive number, every goal computed from the medians it names.
+server over HTTP, every figure a positive number, every goal computed from the medians it names;
+the contention workload's workers likewise (its exact report: test_serving_contention.py).
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ import pytest
 from aieng_core import cli
 from aieng_core.bench import serving_bench
 from aieng_core.bench.serving_bench import GOALS, run_serving_bench
-from aieng_core.bench.serving_report import peer_figure, spread, spread_tree
+from aieng_core.bench.serving_plan import CONTENTION_PEERS
+from aieng_core.bench.serving_report import AT_MOST_GOALS, peer_figure, spread, spread_tree
 from aieng_core.bench.serving_rounds import peer_order, run_rounds
 from aieng_core.loadgen.stats import METRIC_DEFINITIONS, RequestRecord, percentile, summarize
+from tests.benchmarks.test_serving_contention import FAKE_CONTENTION_PLAN, fake_contention_worker
 from tests.conftest import TINY_CONFIG
 
 
@@ -160,6 +163,7 @@ FAKE_PLAN = {
     "server_env": {},
     "bundle_id": "fake-bundle",
     "limits": {"max_batch": 64},
+    **FAKE_CONTENTION_PLAN,
 }
 
 
@@ -183,6 +187,8 @@ def fake_worker(calls: list[str]):
         if name in ("convert", "profile"):
             return {"pid": len(calls), "batches": {}}
         common = {"pid": len(calls), "threads": 1, "load_average_1min": 0.5}
+        if name.startswith("contention_"):
+            return common | fake_contention_worker(name, round_index)
         if name == "http":
             mixed = {"output_throughput": rate("http", round_index), "output_tokens": 8, "duration_s": 1.0}
             mixed |= {"server_cpu_seconds": 2.0, "client_cpu_seconds": 0.5}
@@ -214,8 +220,10 @@ def test_the_report_of_fake_rounds_has_exact_medians_spreads_and_goals(monkeypat
     results = run_serving_bench(rounds=3)
 
     forward, backward = list(PEERS), list(reversed(PEERS))
-    assert calls == ["convert", *forward, *backward, *forward, "profile"]
+    contention = list(CONTENTION_PEERS)
+    assert calls == ["convert", *forward, *backward, *forward, *contention, *contention[::-1], *contention, "profile"]
     assert results["method"]["orders"] == [forward, backward, forward]
+    assert [record["order"] for record in results["contention_rounds"]] == [contention, contention[::-1], contention]
     assert [record["order"] for record in results["rounds"]] == [forward, backward, forward]
     figures, goals = results["figures"], results["goals"]
     single = figures["single_stream"]
@@ -239,7 +247,8 @@ def test_the_report_of_fake_rounds_has_exact_medians_spreads_and_goals(monkeypat
         }
     }
     # Goals: ratios of the medians (not of means, nor of round 0), each met or missed against its target.
-    assert {name: (goal["ratio"], goal["met"]) for name, goal in goals.items()} == {
+    # The contention goals' exact figures are checked in test_serving_contention.py.
+    assert {name: (g["ratio"], g["met"]) for name, g in goals.items() if not name.startswith("contention_")} == {
         "single_stream_vs_transformers": (5.0, True),
         "batch_1_vs_ctranslate2": (2.0, True),
         "batch_16_vs_ctranslate2": (2.0, True),
@@ -255,6 +264,7 @@ def test_the_report_of_fake_rounds_has_exact_medians_spreads_and_goals(monkeypat
         # The medians at batch 64: 75 x 32 x 2 over 60 x 32 x 2.
         "int8_batch_64_vs_ctranslate2_int8": (pytest.approx(1.25), True),
     }
+    assert figures["contention"]["goals"] == {name: goals[name] for name in goals if name.startswith("contention_")}
     int8 = figures["int8_vs_ctranslate2_int8"]
     for size, workload in (("1", "single_stream"), ("16", "batch_16"), ("64", "batch_64")):
         for peer in ("ours_int8", "ctranslate2_int8", "ours"):
@@ -293,7 +303,13 @@ def test_each_peer_ran_in_its_own_fresh_process(results: dict) -> None:
         results["profile"]["pid"],
         results["method"]["ctranslate2_conversion"]["pid"],
     ]
-    assert len(set(pids)) == len(pids)
+    # The contention workers, their servers and busy processes too: each condition a fresh process.
+    (contention,) = results["contention_rounds"]
+    assert contention["order"] == list(CONTENTION_PEERS)
+    keys = ("pid", "server_pid", "busy_process_pid")
+    pids += [contention[peer][key] for peer in CONTENTION_PEERS for key in keys if contention[peer].get(key)]
+    assert all((contention[peer]["busy_process_pid"] is None) == peer.endswith("_alone") for peer in CONTENTION_PEERS)
+    assert len(set(pids)) == len(pids) == len(PEERS) + 3 + len(CONTENTION_PEERS) + 4 + 3  # 4 servers, 3 busy
     assert os.getpid() not in pids
     assert record["http"]["server_exit_code"] == 0  # SIGTERM: drained and exited cleanly
     threads = results["machine"]["threads"]
@@ -389,7 +405,9 @@ def test_goals_are_ratios_of_the_medians(results: dict) -> None:
         assert goals[name]["ratio"] == pytest.approx(ratio)
     for name, goal in goals.items():
         assert goal["target"] == GOALS[name]
-        assert goal["met"] == (goal["ratio"] >= goal["target"])
+        at_most = name in AT_MOST_GOALS
+        assert goal["comparison"] == ("<=" if at_most else ">=")
+        assert goal["met"] == (goal["ratio"] <= goal["target"] if at_most else goal["ratio"] >= goal["target"])
     flops = figures["flops_at_batch_64"]
     assert flops["fraction_of_peak"]["median"] == pytest.approx(
         flops["achieved_gflops"]["median"] / flops["matmul_peak_gflops"]["median"]
@@ -412,6 +430,32 @@ def test_bounds_and_profile_are_reported(results: dict) -> None:
     machine = results["machine"]
     assert machine["cpus"] >= 1 and machine["threads"] == 1  # quick: one thread (speed is not judged)
     assert len(machine["load_average_at_start"]) == 3
+
+
+@pytest.mark.e2e
+def test_the_contention_workload_did_the_same_work_in_every_condition(results: dict) -> None:
+    (record,) = results["contention_rounds"]
+    figures = results["figures"]
+    mixed_tokens = sum(figures["http_16_clients_mixed"]["max_new_tokens"])
+    single_tokens = figures["single_stream"]["ours"]["tokens"]
+    for peer in (peer for peer in CONTENTION_PEERS if "ctranslate2" not in peer):
+        run = record[peer]
+        assert run["server_exit_code"] == 0 and run["adapt_threads"] is ("baseline" not in peer)
+        assert len(run["first_rounds"]) == 3 and run["single_stream"]["output_tokens"] == single_tokens
+        for summary in (*run["first_rounds"], run["mixed_concurrent"]):
+            assert (summary["requests"], summary["completed"], summary["output_tokens"]) == (16, 16, mixed_tokens)
+        assert run["metrics_at_end"]["aieng_engine_threads"] >= 1
+        assert run["metrics_at_end"]["aieng_cpu_other_processes_cores"] >= 0
+    contention = figures["contention"]
+    mixed_names = {"ours": "mixed_16_clients", "baseline": "mixed_16_clients", "ctranslate2": "mixed_batch_16"}
+    for peer, mixed in mixed_names.items():
+        assert set(contention[peer]["busy_over_alone"]) == {mixed, "single_stream"}
+        rounds = ("first_round_seconds", "third_round_seconds") if peer != "ctranslate2" else ()
+        for condition in ("alone", "busy"):
+            figure = contention[peer][condition]
+            assert figure[mixed]["tokens"] == mixed_tokens and figure["single_stream"]["tokens"] == single_tokens
+            assert all(figure[name]["min"] > 0 for name in (mixed, "single_stream", *rounds)), (peer, condition)
+    assert contention["goals"] == {name: results["goals"][name] for name in GOALS if name.startswith("contention_")}
 
 
 def test_cli_runs_the_serving_suite(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
