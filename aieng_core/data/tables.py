@@ -1,13 +1,21 @@
-"""Parquet schemas of the data artifacts, and small helpers to read them back."""
+"""Parquet schemas of the data artifacts, and small helpers to read them back.
+
+Reads decode column chunks on pyarrow's CPU pool, which pyarrow sizes to the host's cores; it
+is sized here to the cores this process has (cpu/quota.py: its affinity mask and cgroup CPU
+limit), as the engine's and training's threads are (the tokenizers' Rust pool reads the same
+limit itself)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from aieng_core.cpu.quota import usable_cores
 
 CLEAN_FILE = "clean.parquet"
 QUARANTINE_FILE = "quarantine.parquet"
@@ -55,7 +63,13 @@ def num_rows(path: Path) -> int:
     return pq.ParquetFile(path).metadata.num_rows
 
 
+@functools.cache
+def _fit_arrow_pool() -> None:
+    pa.set_cpu_count(usable_cores())
+
+
 def iter_batches(path: Path, columns: list[str] | None = None, batch_rows: int = 4096) -> Iterator[pa.RecordBatch]:
+    _fit_arrow_pool()
     yield from pq.ParquetFile(path).iter_batches(batch_size=batch_rows, columns=columns)
 
 
