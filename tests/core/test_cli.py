@@ -302,9 +302,11 @@ def test_bench_serving_dispatches(capsys: pytest.CaptureFixture, monkeypatch: py
     assert (code, json.loads(out)) == (0, {"ok": 1})
     code, out, _ = run(capsys, "bench", "serving", "--quick", "--rounds", "5")
     assert (code, out) == (0, "formatted {'ok': 1}\n")
+    run(capsys, "bench", "serving", "--workload", "contention")
     assert calls == [
-        {"out": "r.json", "config": None, "quick": False, "rounds": 3},
-        {"out": None, "config": None, "quick": True, "rounds": 5},
+        {"out": "r.json", "config": None, "quick": False, "rounds": 3, "workload": "all"},
+        {"out": None, "config": None, "quick": True, "rounds": 5, "workload": "all"},
+        {"out": None, "config": None, "quick": False, "rounds": 3, "workload": "contention"},
     ]
 
 

@@ -29,7 +29,7 @@ from tests.e2e.serve_helpers import Server, poll, run_deploy, start_server
 pytestmark = pytest.mark.e2e
 
 CLIENTS = 4
-MAX_REQUESTS = 6000  # bounded whatever happens
+MAX_REQUESTS = 30_000  # bounded whatever happens (the gate runs before the rollout: tens of seconds of load)
 CANARY = ["--steps", "5,25,100", "--hold", "3s", "--min-requests", "10"]
 # A candidate as fast as production must not be rolled back by the noise of 10 requests'
 # P99 on a busy 2-core machine: 3x. The slow candidate (3x the tokens) is judged at the default 1.5x.

@@ -134,7 +134,7 @@ def run_server(
     )
     state = app.state.serving
     log.info(
-        "engine threads: %s; %s",
+        "engine thread counts: %s; %s",
         " or ".join(map(str, state.threads.ladder)),
         "fewer while other processes take cores (serving.adapt_threads)"
         if state.threads.adapts
